@@ -1,0 +1,171 @@
+"""The ``gpuprov`` command line.
+
+Exit codes: 0 fine; 2 bad input (nothing was done); 3 a GPU named with
+``--require-ready`` is not ready (for monitoring and CI gates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from . import __version__
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_NOT_READY = 0, 2, 3
+
+
+class UsageError(Exception):
+    """Bad input: the message names the problem and the fix."""
+
+
+@contextmanager
+def host_root(root: str) -> Iterator[str]:
+    """A directory to read the host from: ``/``, a directory, or a capture tarball."""
+    if os.path.isfile(root) and root.endswith((".tar.gz", ".tgz", ".tar")):
+        with tempfile.TemporaryDirectory(prefix="gpuprov-root-") as tmp:
+            with tarfile.open(root) as tar:
+                tar.extractall(tmp, filter="tar")
+            yield tmp
+        return
+    if not os.path.isdir(root):
+        raise UsageError(f"--root '{root}' does not exist: give a directory or a capture .tar.gz")
+    if not os.path.isdir(os.path.join(root, "sys")):
+        raise UsageError(
+            f"--root '{root}' has no sys/ directory: point it at the top of an unpacked capture "
+            "(the folder holding sys/ and proc/), or at the .tar.gz itself"
+        )
+    yield root
+
+
+def _addresses(values: list[str], option: str) -> list[str]:
+    from .host.pci import PciAddressError, normalize_address
+
+    out = []
+    for value in values:
+        try:
+            out.append(normalize_address(value))
+        except PciAddressError as exc:
+            raise UsageError(f"{option}: {exc}") from None
+    return out
+
+
+# ---------------------------------------------------------------- inspect
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .assess import assess
+    from .host.facts import gather
+    from .host.sysfs import Sysfs
+    from .report import build_report
+
+    named = _addresses(args.device, "--device")
+    require = [] if args.require_ready == ["all"] else _addresses(args.require_ready, "--require-ready")
+    with host_root(args.root) as root:
+        facts = gather(Sysfs(root))
+    missing = [a for a in named + require if a not in facts.pci]
+    if missing:
+        raise UsageError(
+            f"no PCI device {', '.join(missing)} on this host: check the address with `lspci -D` "
+            f"(this host has {len(facts.pci)} PCI devices)"
+        )
+    gpus = assess(facts, extra=named + require)
+    report = build_report(facts, gpus)
+    report["host"]["root"] = args.root
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from .table import print_report
+
+        print_report(report, show_all=args.all)
+
+    gate = [g for g in gpus if g.address in require] if require else gpus if args.require_ready else []
+    not_ready = [g.address for g in gate if not g.ready]
+    if args.require_ready and (not_ready or not gate):
+        print(
+            f"gpuprov: not ready: {', '.join(not_ready) or 'no GPU found'}",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_READY
+    return EXIT_OK
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from .capture import CaptureError, capture
+
+    try:
+        count = capture(args.output, args.root, run_commands=not args.no_commands)
+    except CaptureError as exc:
+        raise UsageError(str(exc)) from None
+    size = os.path.getsize(args.output)
+    print(f"wrote {args.output}: {count} entries, {size / 1024:.0f} KiB")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuprov",
+        description="Turn KVM/libvirt hosts with GPUs into GPU-sharing hosts; diagnose why one is not ready.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpuprov {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "inspect",
+        help="show GPUs, IOMMU groups and passthrough readiness (read-only)",
+        description="Read the host's sysfs/procfs and say, per GPU, whether it can be passed "
+        "through to a VM and every reason why not. Read-only; runs as a normal user.",
+    )
+    p.add_argument("--root", default="/", help="read this root (an unpacked capture, or its .tar.gz) instead of /")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema gpuprov.inspect/v1)")
+    p.add_argument("--all", action="store_true", help="also list every PCI device and IOMMU group")
+    p.add_argument(
+        "--device",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help="assess this PCI device too, whatever its class (repeatable)",
+    )
+    p.add_argument(
+        "--require-ready",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help="exit 3 unless this GPU is ready for passthrough (repeatable; 'all' for every GPU found)",
+    )
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "capture",
+        help="write what inspect reads into a tarball for a bug report",
+        description="Copy the sysfs/procfs files that inspect reads into OUTPUT (.tar.gz), "
+        "which `gpuprov inspect --root` reads back. Serial numbers are left out.",
+    )
+    p.add_argument("output", metavar="OUTPUT", help="the tarball to write, e.g. host.tar.gz")
+    p.add_argument("--root", default="/", help="capture this root instead of /")
+    p.add_argument("--no-commands", action="store_true", help="do not add lspci/nvidia-smi outputs")
+    p.set_defaults(func=cmd_capture)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: Any = args.func(args)
+    except UsageError as exc:
+        print(f"gpuprov: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        return EXIT_OK
+    return int(result)

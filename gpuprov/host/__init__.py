@@ -1,0 +1,1 @@
+"""Host facts: one model of a host, read through one root-relative reader."""

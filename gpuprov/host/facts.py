@@ -1,0 +1,77 @@
+"""All facts about one host, gathered through one :class:`Sysfs`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .iommu import IommuState, read_iommu
+from .mdev import MdevInstance, MdevParent, VgpuVf, read_mdev_instances, read_mdev_parents, read_vgpu_vfs
+from .names import PciIds, name_source
+from .numa import NumaNode, read_numa
+from .pci import PciDevice, read_pci_devices
+from .sysfs import Sysfs
+from .usage import HostUsage, read_usage
+
+
+@dataclass
+class HostFacts:
+    root: str
+    kernel: str | None
+    os_name: str | None
+    pci: dict[str, PciDevice]
+    iommu: IommuState
+    mdev_parents: dict[str, MdevParent]
+    mdevs: list[MdevInstance]
+    vgpu_vfs: dict[str, VgpuVf]
+    numa: list[NumaNode]
+    usage: HostUsage
+    names_from: str  # "udev" | "pci.ids" | "none"
+
+    def group_members(self, address: str) -> list[str]:
+        dev = self.pci.get(address)
+        if dev is None or dev.iommu_group is None:
+            return []
+        group = self.iommu.groups.get(dev.iommu_group)
+        return group.devices if group else [address]
+
+
+def _os_name(sysfs: Sysfs) -> str | None:
+    for path in ("etc/os-release", "usr/lib/os-release"):
+        for line in sysfs.read_lines(path):
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip().strip('"')
+    return None
+
+
+def _name_devices(sysfs: Sysfs, devices: dict[str, PciDevice]) -> str:
+    udev = name_source(sysfs)
+    if udev is not None:
+        for dev in devices.values():
+            dev.vendor_name, dev.device_name = udev.lookup(sysfs.path(dev.sysfs_path))
+        if any(d.vendor_name for d in devices.values()):
+            return "udev"
+    ids = PciIds.load()
+    if ids is None:
+        return "none"
+    for dev in devices.values():
+        dev.vendor_name, dev.device_name = ids.lookup(dev.vendor_id, dev.device_id)
+    return "pci.ids"
+
+
+def gather(sysfs: Sysfs) -> HostFacts:
+    """Read every fact inspect, plan and the modules use. Read-only."""
+    devices = read_pci_devices(sysfs)
+    version = sysfs.read("proc/version")
+    return HostFacts(
+        root=sysfs.root,
+        kernel=version.split()[2] if version and len(version.split()) > 2 else None,
+        os_name=_os_name(sysfs),
+        pci=devices,
+        iommu=read_iommu(sysfs),
+        mdev_parents=read_mdev_parents(sysfs),
+        mdevs=read_mdev_instances(sysfs),
+        vgpu_vfs=read_vgpu_vfs(sysfs, devices),
+        numa=read_numa(sysfs),
+        usage=read_usage(sysfs),
+        names_from=_name_devices(sysfs, devices),
+    )

@@ -1,0 +1,242 @@
+"""PCI devices as the kernel shows them under /sys/bus/pci/devices."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .sysfs import Sysfs
+
+PCI_DEVICES = "sys/bus/pci/devices"
+
+# Full address: domain:bus:slot.function, as the kernel names devices. Domains
+# are 4 hex digits, or more behind Intel VMD (10000:e1:00.0).
+PCI_ADDRESS_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
+_SHORT_ADDRESS_RE = re.compile(r"^[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
+
+
+class PciAddressError(ValueError):
+    """A PCI address that is malformed; the message says what is expected."""
+
+
+def normalize_address(text: str) -> str:
+    """``0000:41:00.0`` from ``41:00.0`` or ``0000:41:00.0`` (any case).
+
+    Raises :class:`PciAddressError` with a message naming the expected form.
+    """
+    value = text.strip().lower()
+    if _SHORT_ADDRESS_RE.match(value):
+        value = "0000:" + value
+    if not PCI_ADDRESS_RE.match(value):
+        raise PciAddressError(
+            f"'{text}' is not a PCI address: use the full form DOMAIN:BUS:SLOT.FUNCTION, "
+            "e.g. 0000:41:00.0 (see `lspci -D`)"
+        )
+    return value
+
+
+@dataclass
+class PciLink:
+    """PCIe link state; speeds in GT/s. ``None`` where the kernel shows none."""
+
+    current_speed: float | None = None
+    current_width: int | None = None
+    max_speed: float | None = None
+    max_width: int | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.max_speed is not None or self.max_width is not None
+
+    @property
+    def degraded(self) -> bool:
+        """Running below its maximum speed or width."""
+        speed_low = (
+            self.current_speed is not None
+            and self.max_speed is not None
+            and self.current_speed < self.max_speed
+        )
+        width_low = (
+            self.current_width is not None
+            and self.max_width is not None
+            and self.current_width < self.max_width
+        )
+        return speed_low or width_low
+
+    def describe(self) -> str:
+        if not self.known:
+            return "no PCIe link"
+
+        def one(speed: float | None, width: int | None) -> str:
+            s = "?" if speed is None else f"{speed:g} GT/s"
+            w = "?" if width is None else f"x{width}"
+            return f"{s} {w}"
+
+        current = one(self.current_speed, self.current_width)
+        top = one(self.max_speed, self.max_width)
+        return f"{current} (= max)" if current == top else f"{current} (max {top})"
+
+
+@dataclass
+class PciDevice:
+    address: str
+    vendor_id: int | None
+    device_id: int | None
+    subsystem_vendor_id: int | None
+    subsystem_device_id: int | None
+    class_code: int | None  # 24 bits: base class, subclass, prog-if
+    revision: int | None
+    driver: str | None
+    driver_override: str | None
+    numa_node: int | None
+    local_cpulist: str | None
+    link: PciLink
+    reset_methods: list[str] | None  # None: the kernel does not say (no reset_method file)
+    boot_vga: bool
+    iommu_group: str | None
+    parent: str | None  # the upstream PCI device (bridge/port), None at a root bus
+    sysfs_path: str  # root-relative canonical path
+    sriov_totalvfs: int | None = None
+    sriov_numvfs: int | None = None
+    physfn: str | None = None
+    virtfns: list[str] = field(default_factory=list)
+    vendor_name: str | None = None
+    device_name: str | None = None
+
+    @property
+    def base_class(self) -> int | None:
+        return None if self.class_code is None else self.class_code >> 16
+
+    @property
+    def class_prefix(self) -> int | None:
+        """Base class + subclass, e.g. 0x0403 for an HD audio function."""
+        return None if self.class_code is None else self.class_code >> 8
+
+    @property
+    def is_bridge(self) -> bool:
+        return self.base_class == 0x06
+
+    @property
+    def is_pci_bridge(self) -> bool:
+        """A PCI-to-PCI bridge or PCIe port (0x0604); stays with pcieport."""
+        return self.class_prefix in (0x0604, 0x0609)
+
+    @property
+    def slot(self) -> str:
+        """Address without the function: functions of one slot move together."""
+        return self.address.rsplit(".", 1)[0]
+
+    @property
+    def id_pair(self) -> str:
+        def hex4(v: int | None) -> str:
+            return "????" if v is None else f"{v:04x}"
+
+        return f"{hex4(self.vendor_id)}:{hex4(self.device_id)}"
+
+    @property
+    def name(self) -> str:
+        if self.vendor_name or self.device_name:
+            return " ".join(n for n in (self.vendor_name, self.device_name) if n)
+        return f"[{self.id_pair}]"
+
+
+def _link_speed(text: str | None) -> float | None:
+    # "32.0 GT/s PCIe", "8.0 GT/s", "2.5 GT/s PCIe"; "Unknown" on links the kernel cannot read
+    if not text:
+        return None
+    head = text.split(" ", 1)[0]
+    try:
+        return float(head)
+    except ValueError:
+        return None
+
+
+def _int_or_none(text: str | None, base: int = 10) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text, base)
+    except ValueError:
+        return None
+
+
+def _parent_address(sysfs_path: str, address: str) -> str | None:
+    # sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0: the component before
+    # the device's own is its upstream bridge, when that is a PCI address.
+    parts = sysfs_path.split("/")
+    try:
+        idx = parts.index(address)
+    except ValueError:
+        return None
+    if idx > 0 and PCI_ADDRESS_RE.match(parts[idx - 1]):
+        return parts[idx - 1]
+    return None
+
+
+def read_pci_device(sysfs: Sysfs, address: str) -> PciDevice:
+    """One device's facts; every attribute a kernel may lack is optional."""
+    base = sysfs.resolve(f"{PCI_DEVICES}/{address}")
+    rd = sysfs.read
+
+    driver_override = rd(f"{base}/driver_override")
+    if driver_override in ("(null)", ""):
+        driver_override = None
+
+    reset_text = rd(f"{base}/reset_method")
+    reset_methods = None if reset_text is None else reset_text.split()
+
+    numa = _int_or_none(rd(f"{base}/numa_node"))
+    link = PciLink(
+        current_speed=_link_speed(rd(f"{base}/current_link_speed")),
+        current_width=_int_or_none(rd(f"{base}/current_link_width")),
+        max_speed=_link_speed(rd(f"{base}/max_link_speed")),
+        max_width=_int_or_none(rd(f"{base}/max_link_width")),
+    )
+    # Width 0 or 255 shows a function with no link of its own (integrated, VFs).
+    if link.max_width in (0, 255):
+        link.max_width = None
+    if link.current_width in (0, 255):
+        link.current_width = None
+
+    entries = sysfs.listdir(base)
+    virtfns = sorted(
+        (e for e in entries if e.startswith("virtfn")), key=lambda e: int(e[6:] or 0)
+    )
+    return PciDevice(
+        address=address,
+        vendor_id=_int_or_none(rd(f"{base}/vendor"), 16),
+        device_id=_int_or_none(rd(f"{base}/device"), 16),
+        subsystem_vendor_id=_int_or_none(rd(f"{base}/subsystem_vendor"), 16),
+        subsystem_device_id=_int_or_none(rd(f"{base}/subsystem_device"), 16),
+        class_code=_int_or_none(rd(f"{base}/class"), 16),
+        revision=_int_or_none(rd(f"{base}/revision"), 16),
+        driver=sysfs.link_name(f"{base}/driver") if "driver" in entries else None,
+        driver_override=driver_override,
+        numa_node=None if numa is None or numa < 0 else numa,
+        local_cpulist=rd(f"{base}/local_cpulist"),
+        link=link,
+        reset_methods=reset_methods,
+        boot_vga=rd(f"{base}/boot_vga") == "1" if "boot_vga" in entries else False,
+        iommu_group=(
+            sysfs.link_name(f"{base}/iommu_group") if "iommu_group" in entries else None
+        ),
+        parent=_parent_address(base, address),
+        sysfs_path=base,
+        sriov_totalvfs=(
+            _int_or_none(rd(f"{base}/sriov_totalvfs")) if "sriov_totalvfs" in entries else None
+        ),
+        sriov_numvfs=(
+            _int_or_none(rd(f"{base}/sriov_numvfs")) if "sriov_numvfs" in entries else None
+        ),
+        physfn=sysfs.link_name(f"{base}/physfn") if "physfn" in entries else None,
+        virtfns=[n for n in (sysfs.link_name(f"{base}/{v}") for v in virtfns) if n],
+    )
+
+
+def read_pci_devices(sysfs: Sysfs) -> dict[str, PciDevice]:
+    """Every PCI device the kernel lists, by full address, in address order."""
+    devices: dict[str, PciDevice] = {}
+    for address in sysfs.listdir(PCI_DEVICES):
+        if PCI_ADDRESS_RE.match(address):
+            devices[address] = read_pci_device(sysfs, address)
+    return devices

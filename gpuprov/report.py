@@ -1,0 +1,126 @@
+"""The ``gpuprov inspect`` report as plain data (JSON schema v1, see docs/inspect-json.md)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from . import __version__
+from .assess import GpuAssessment
+from .host.facts import HostFacts
+from .host.pci import PciDevice
+
+SCHEMA = "gpuprov.inspect/v1"
+SCHEMA_VERSION = 1
+
+
+def _hex(value: int | None, width: int) -> str | None:
+    return None if value is None else f"{value:0{width}x}"
+
+
+def pci_device_dict(dev: PciDevice) -> dict[str, Any]:
+    return {
+        "address": dev.address,
+        "vendor_id": _hex(dev.vendor_id, 4),
+        "device_id": _hex(dev.device_id, 4),
+        "subsystem_vendor_id": _hex(dev.subsystem_vendor_id, 4),
+        "subsystem_device_id": _hex(dev.subsystem_device_id, 4),
+        "class": _hex(dev.class_code, 6),
+        "revision": _hex(dev.revision, 2),
+        "vendor_name": dev.vendor_name,
+        "device_name": dev.device_name,
+        "driver": dev.driver,
+        "driver_override": dev.driver_override,
+        "numa_node": dev.numa_node,
+        "local_cpulist": dev.local_cpulist,
+        "link": asdict(dev.link),
+        "reset_methods": dev.reset_methods,
+        "boot_vga": dev.boot_vga,
+        "iommu_group": dev.iommu_group,
+        "parent": dev.parent,
+        "sriov": {
+            "total_vfs": dev.sriov_totalvfs,
+            "num_vfs": dev.sriov_numvfs,
+            "physfn": dev.physfn,
+            "virtfns": dev.virtfns,
+        },
+    }
+
+
+def gpu_dict(a: GpuAssessment) -> dict[str, Any]:
+    return {
+        "address": a.address,
+        "name": a.name,
+        "vendor_device": a.vendor_device,
+        "driver": a.driver,
+        "iommu_group": a.iommu_group,
+        "numa_node": a.numa_node,
+        "link": a.link,
+        "reset_methods": a.reset_methods,
+        "group_members": a.group_members,
+        "companions": a.companions,
+        "ready": a.ready,
+        "findings": [asdict(f) for f in a.findings],
+        "vgpu": a.vgpu,
+    }
+
+
+def build_report(facts: HostFacts, gpus: list[GpuAssessment]) -> dict[str, Any]:
+    iommu = facts.iommu
+    usage = facts.usage
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "gpuprov_version": __version__,
+        "host": {
+            "root": facts.root,
+            "kernel": facts.kernel,
+            "os": facts.os_name,
+            "names_from": facts.names_from,
+        },
+        "iommu": {
+            "enabled": iommu.enabled,
+            "units": iommu.units,
+            "vendor": iommu.vendor,
+            "cpu_vendor": iommu.cpu_vendor,
+            "cmdline": iommu.cmdline,
+            "args": iommu.args,
+            "passthrough": iommu.passthrough,
+            "interrupt_remapping": iommu.interrupt_remapping,
+            "allow_unsafe_interrupts": iommu.allow_unsafe_interrupts,
+            "modules": iommu.modules,
+            "groups": [asdict(g) for g in iommu.groups.values()],
+        },
+        "pci_devices": [pci_device_dict(d) for d in facts.pci.values()],
+        "mdev": {
+            "parents": [
+                {"parent": p.parent, "types": [asdict(t) for t in p.types.values()]}
+                for p in facts.mdev_parents.values()
+            ],
+            "instances": [asdict(m) for m in facts.mdevs],
+        },
+        "sriov_vgpu": [
+            {
+                "address": vf.address,
+                "current_type": vf.current_type,
+                "creatable": {str(k): v for k, v in vf.creatable.items()},
+            }
+            for vf in facts.vgpu_vfs.values()
+        ],
+        "numa": [asdict(n) for n in facts.numa],
+        "host_needs": {
+            "boot_vga": [a for a, d in facts.pci.items() if d.boot_vga],
+            "console": usage.console_devices,
+            "drm_cards": usage.drm_cards,
+            "block": [asdict(b) for b in usage.block.values()],
+            "net": [asdict(n) for n in usage.net.values()],
+            "open_device_files": [asdict(f) for f in usage.open_files],
+            "open_files_complete": usage.open_files_complete,
+        },
+        "gpus": [gpu_dict(a) for a in gpus],
+        "summary": {
+            "gpus": len(gpus),
+            "ready": sum(1 for a in gpus if a.ready),
+            "not_ready": sum(1 for a in gpus if not a.ready),
+        },
+    }

@@ -1,0 +1,124 @@
+"""The inspect report as tables for people (rich). Works from the JSON report
+so both views show the same data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+_MARK = {"blocker": ("✗", "bold red"), "warning": ("!", "yellow"), "info": ("·", "dim")}
+
+
+def _host_lines(report: dict[str, Any]) -> list[Text]:
+    host, iommu = report["host"], report["iommu"]
+    lines = [Text(f"Host: {host['os'] or 'unknown OS'}, kernel {host['kernel'] or '?'} (root {host['root']})")]
+    if iommu["enabled"]:
+        detail = ", ".join(iommu["units"]) or "units not shown"
+        mode = {True: "passthrough (iommu=pt)", False: "translated", None: "mode unknown"}[iommu["passthrough"]]
+        lines.append(
+            Text.assemble(
+                ("IOMMU: on", "green"),
+                f" ({iommu['vendor'] or '?'}: {detail}; {len(iommu['groups'])} groups; {mode}; "
+                f"interrupt remapping {iommu['interrupt_remapping']})",
+            )
+        )
+    else:
+        lines.append(Text.assemble(("IOMMU: off", "bold red"), " (no /sys/class/iommu units, no groups)"))
+    args = " ".join(k if v is None else f"{k}={v}" for k, v in iommu["args"].items()) or "none"
+    lines.append(Text(f"Kernel IOMMU/vfio args: {args}"))
+    mods = ", ".join(f"{k} ({v})" for k, v in iommu["modules"].items()) or "none loaded"
+    lines.append(Text(f"vfio/kvm modules: {mods}"))
+    return lines
+
+
+def _gpu_table(report: dict[str, Any]) -> Table:
+    table = Table(title="GPUs", title_justify="left", expand=False)
+    for col in ("Address", "Device", "Driver", "Group", "NUMA", "Link", "Reset", "Verdict"):
+        table.add_column(col, overflow="fold")
+    for gpu in report["gpus"]:
+        verdict = Text("ready", "green") if gpu["ready"] else Text("not ready", "bold red")
+        reset = "unknown" if gpu["reset_methods"] is None else " ".join(gpu["reset_methods"]) or "none"
+        table.add_row(
+            gpu["address"],
+            f"{gpu['name']} [{gpu['vendor_device']}]",
+            gpu["driver"] or "-",
+            gpu["iommu_group"] or "-",
+            "-" if gpu["numa_node"] is None else str(gpu["numa_node"]),
+            gpu["link"],
+            reset,
+            verdict,
+        )
+    return table
+
+
+def _findings(gpu: dict[str, Any]) -> list[Text]:
+    lines = [Text(f"{gpu['address']} {gpu['name']}:", "bold")]
+    for f in gpu["findings"]:
+        mark, style = _MARK.get(f["severity"], ("?", ""))
+        line = Text.assemble(f"  {mark} ", (f["severity"], style), f": {f['message']}")
+        if f.get("fix"):
+            line.append(f"\n      fix: {f['fix']}", "cyan")
+        lines.append(line)
+    vgpu = gpu.get("vgpu") or {}
+    for mtype in vgpu.get("mdev_types", []):
+        lines.append(
+            Text(
+                f"  vGPU mdev type {mtype['type']} '{mtype['name']}': "
+                f"{mtype['available_instances']} available, {len(mtype['instances'])} created"
+            )
+        )
+    if "sriov" in vgpu:
+        s = vgpu["sriov"]
+        lines.append(Text(f"  SR-IOV: {s['enabled_vfs']}/{s['total_vfs']} VFs enabled"))
+    if "sriov_vgpu" in vgpu:
+        v = vgpu["sriov_vgpu"]
+        types = ", ".join(v["creatable_types"].values()) or "none creatable now"
+        lines.append(Text(f"  SR-IOV vGPU: {v['vfs_in_use']}/{v['vfs']} VFs have a type; creatable: {types}"))
+    return lines
+
+
+def _all_devices(report: dict[str, Any]) -> list[Table]:
+    devices = Table(title="PCI devices", title_justify="left")
+    for col in ("Address", "Class", "Ids", "Name", "Driver", "Group", "Link"):
+        devices.add_column(col, overflow="fold")
+    for d in report["pci_devices"]:
+        link = d["link"]
+        speed = "-" if link["current_speed"] is None else f"{link['current_speed']:g} GT/s x{link['current_width']}"
+        name = " ".join(n for n in (d["vendor_name"], d["device_name"]) if n) or "-"
+        devices.add_row(
+            d["address"], d["class"] or "?", f"{d['vendor_id']}:{d['device_id']}", name,
+            d["driver"] or "-", d["iommu_group"] or "-", speed,
+        )
+    groups = Table(title="IOMMU groups", title_justify="left")
+    groups.add_column("Group")
+    groups.add_column("Type")
+    groups.add_column("Devices", overflow="fold")
+    for g in report["iommu"]["groups"]:
+        groups.add_row(g["number"], g["type"] or "-", " ".join(g["devices"]))
+    return [devices, groups]
+
+
+def print_report(report: dict[str, Any], *, show_all: bool = False, console: Console | None = None) -> None:
+    console = console or Console()
+    for line in _host_lines(report):
+        console.print(line)
+    console.print()
+    if report["gpus"]:
+        console.print(_gpu_table(report))
+        for gpu in report["gpus"]:
+            for line in _findings(gpu):
+                console.print(line)
+    else:
+        console.print(
+            "No GPUs here: no display-class (0x03xx) PCI devices. "
+            "Name a device with --device ADDR to assess it anyway."
+        )
+    if show_all:
+        console.print()
+        for table in _all_devices(report):
+            console.print(table)
+    s = report["summary"]
+    console.print(f"\n{s['gpus']} GPU(s): {s['ready']} ready, {s['not_ready']} not ready")

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install what gpuprov needs on a Debian/Ubuntu machine, idempotently:
+# Debian packages (only those missing), then a virtualenv at .venv with
+# gpuprov and the extras named in $1 (e.g. "test"). Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(python3 python3-venv python3-pip pciutils pci.ids)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "bootstrap: missing Debian packages: ${missing[*]}; run as root or: sudo apt-get install ${missing[*]}" >&2
+    exit 2
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+PY=${PYTHON:-python3}
+[[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+extras=${1:-}
+spec="."
+[[ -n $extras ]] && spec=".[${extras}]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec"
