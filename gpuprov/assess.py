@@ -65,9 +65,7 @@ def companions_of(facts: HostFacts, address: str) -> list[str]:
     """Other functions of the GPU's slot (audio, USB, UCSI...), bridges excluded."""
     dev = facts.pci[address]
     return [
-        a
-        for a, d in facts.pci.items()
-        if a != address and d.slot == dev.slot and not d.is_bridge and d.physfn is None
+        a for a, d in facts.pci.items() if a != address and d.slot == dev.slot and not d.is_bridge and d.physfn is None
     ]
 
 
@@ -152,9 +150,7 @@ def _member_findings(
             continue
         if addr in companions:
             continue
-        if member.driver and member.driver not in VFIO_DRIVERS and not host_critical_reasons(
-            facts, member, held
-        ):
+        if member.driver and member.driver not in VFIO_DRIVERS and not host_critical_reasons(facts, member, held):
             findings.append(
                 Finding(
                     code="group-shared",
@@ -259,7 +255,9 @@ def assess_gpu(facts: HostFacts, address: str, held: dict[str, list[str]] | None
     findings: list[Finding] = []
     if not facts.iommu.enabled:
         findings.append(
-            Finding("iommu-off", BLOCKER, "the IOMMU is off: no /sys/class/iommu units, no IOMMU groups", _iommu_fix(facts))
+            Finding(
+                "iommu-off", BLOCKER, "the IOMMU is off: no /sys/class/iommu units, no IOMMU groups", _iommu_fix(facts)
+            )
         )
     elif gpu.iommu_group is None:
         findings.append(
@@ -283,7 +281,11 @@ def assess_gpu(facts: HostFacts, address: str, held: dict[str, list[str]] | None
             )
         )
     findings += _device_findings(facts, gpu)
-    if facts.iommu.enabled and facts.iommu.interrupt_remapping == "unsupported" and not facts.iommu.allow_unsafe_interrupts:
+    if (
+        facts.iommu.enabled
+        and facts.iommu.interrupt_remapping == "unsupported"
+        and not facts.iommu.allow_unsafe_interrupts
+    ):
         findings.append(
             Finding(
                 "no-interrupt-remapping",
@@ -294,7 +296,9 @@ def assess_gpu(facts: HostFacts, address: str, held: dict[str, list[str]] | None
         )
     if not facts.usage.open_files_complete:
         findings.append(
-            Finding("in-use-unknown", INFO, "other users' open files were not readable: run as root for the in-use check")
+            Finding(
+                "in-use-unknown", INFO, "other users' open files were not readable: run as root for the in-use check"
+            )
         )
     return GpuAssessment(
         address=address,

@@ -89,8 +89,13 @@ def _all_devices(report: dict[str, Any]) -> list[Table]:
         speed = "-" if link["current_speed"] is None else f"{link['current_speed']:g} GT/s x{link['current_width']}"
         name = " ".join(n for n in (d["vendor_name"], d["device_name"]) if n) or "-"
         devices.add_row(
-            d["address"], d["class"] or "?", f"{d['vendor_id']}:{d['device_id']}", name,
-            d["driver"] or "-", d["iommu_group"] or "-", speed,
+            d["address"],
+            d["class"] or "?",
+            f"{d['vendor_id']}:{d['device_id']}",
+            name,
+            d["driver"] or "-",
+            d["iommu_group"] or "-",
+            speed,
         )
     groups = Table(title="IOMMU groups", title_justify="left")
     groups.add_column("Group")
@@ -113,8 +118,7 @@ def print_report(report: dict[str, Any], *, show_all: bool = False, console: Con
                 console.print(line)
     else:
         console.print(
-            "No GPUs here: no display-class (0x03xx) PCI devices. "
-            "Name a device with --device ADDR to assess it anyway."
+            "No GPUs here: no display-class (0x03xx) PCI devices. Name a device with --device ADDR to assess it anyway."
         )
     if show_all:
         console.print()

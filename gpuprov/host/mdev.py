@@ -123,7 +123,5 @@ def read_vgpu_vfs(sysfs: Sysfs, devices: dict[str, PciDevice]) -> dict[str, Vgpu
             current_id = int(current) if current is not None else None
         except ValueError:
             current_id = None
-        vfs[address] = VgpuVf(
-            address=address, creatable=parse_vgpu_types(creatable), current_type=current_id
-        )
+        vfs[address] = VgpuVf(address=address, creatable=parse_vgpu_types(creatable), current_type=current_id)
     return vfs

@@ -52,14 +52,10 @@ class PciLink:
     def degraded(self) -> bool:
         """Running below its maximum speed or width."""
         speed_low = (
-            self.current_speed is not None
-            and self.max_speed is not None
-            and self.current_speed < self.max_speed
+            self.current_speed is not None and self.max_speed is not None and self.current_speed < self.max_speed
         )
         width_low = (
-            self.current_width is not None
-            and self.max_width is not None
-            and self.current_width < self.max_width
+            self.current_width is not None and self.max_width is not None and self.current_width < self.max_width
         )
         return speed_low or width_low
 
@@ -199,9 +195,7 @@ def read_pci_device(sysfs: Sysfs, address: str) -> PciDevice:
         link.current_width = None
 
     entries = sysfs.listdir(base)
-    virtfns = sorted(
-        (e for e in entries if e.startswith("virtfn")), key=lambda e: int(e[6:] or 0)
-    )
+    virtfns = sorted((e for e in entries if e.startswith("virtfn")), key=lambda e: int(e[6:] or 0))
     return PciDevice(
         address=address,
         vendor_id=_int_or_none(rd(f"{base}/vendor"), 16),
@@ -217,17 +211,11 @@ def read_pci_device(sysfs: Sysfs, address: str) -> PciDevice:
         link=link,
         reset_methods=reset_methods,
         boot_vga=rd(f"{base}/boot_vga") == "1" if "boot_vga" in entries else False,
-        iommu_group=(
-            sysfs.link_name(f"{base}/iommu_group") if "iommu_group" in entries else None
-        ),
+        iommu_group=(sysfs.link_name(f"{base}/iommu_group") if "iommu_group" in entries else None),
         parent=_parent_address(base, address),
         sysfs_path=base,
-        sriov_totalvfs=(
-            _int_or_none(rd(f"{base}/sriov_totalvfs")) if "sriov_totalvfs" in entries else None
-        ),
-        sriov_numvfs=(
-            _int_or_none(rd(f"{base}/sriov_numvfs")) if "sriov_numvfs" in entries else None
-        ),
+        sriov_totalvfs=(_int_or_none(rd(f"{base}/sriov_totalvfs")) if "sriov_totalvfs" in entries else None),
+        sriov_numvfs=(_int_or_none(rd(f"{base}/sriov_numvfs")) if "sriov_numvfs" in entries else None),
         physfn=sysfs.link_name(f"{base}/physfn") if "physfn" in entries else None,
         virtfns=[n for n in (sysfs.link_name(f"{base}/{v}") for v in virtfns) if n],
     )

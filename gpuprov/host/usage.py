@@ -317,7 +317,9 @@ def read_usage(sysfs: Sysfs) -> HostUsage:
     )
 
 
-def devices_with_open_files(usage: HostUsage, groups: dict[str, list[str]], nvidia_bound: list[str]) -> dict[str, list[str]]:
+def devices_with_open_files(
+    usage: HostUsage, groups: dict[str, list[str]], nvidia_bound: list[str]
+) -> dict[str, list[str]]:
     """PCI address -> "comm (pid N) has /dev/..." for each device held open."""
     held: dict[str, list[str]] = {}
     for f in usage.open_files:
