@@ -291,7 +291,7 @@ def assess_gpu(facts: HostFacts, address: str, held: dict[str, list[str]] | None
                 "no-interrupt-remapping",
                 WARNING,
                 "the IOMMU lacks interrupt remapping: vfio refuses to assign devices",
-                "enable interrupt remapping in the firmware (or, knowingly, vfio_iommu_type1 allow_unsafe_interrupts=1)",
+                "enable interrupt remapping in the firmware (expert override: allow_unsafe_interrupts=1)",
             )
         )
     if not facts.usage.open_files_complete:
