@@ -102,9 +102,14 @@ def host_critical_reasons(facts: HostFacts, member: PciDevice, held: dict[str, l
     chipset = CHIPSET_CLASSES.get(member.class_prefix or -1)
     if chipset or member.base_class == 0x05:
         reasons.append(f"is a chipset device ({chipset or 'memory controller'})")
-    for blk in facts.usage.block.values():
-        if blk.pci_device == addr and blk.in_use:
-            reasons.append(f"controls block device {blk.name} ({'; '.join(blk.uses)})")
+    block = facts.usage.block
+    for disk in block.values():
+        if disk.pci_device == addr and disk.in_use and disk.partition_of is None:
+            uses = [u for u in disk.uses if not u.startswith("backs ")]
+            uses += [
+                f"{p.name} {', '.join(p.uses)}" for p in block.values() if p.partition_of == disk.name and p.in_use
+            ]
+            reasons.append(f"controls block device {disk.name} ({'; '.join(uses) or ', '.join(disk.uses)})")
     for net in facts.usage.net.values():
         if net.pci_device != addr:
             continue

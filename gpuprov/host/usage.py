@@ -28,6 +28,7 @@ def pci_device_of(path: str) -> str | None:
 class BlockDevice:
     name: str
     pci_device: str | None
+    partition_of: str | None = None  # the disk, for a partition
     uses: list[str] = field(default_factory=list)  # "mounted at /", "swap", ...
 
     @property
@@ -82,7 +83,7 @@ def _block_devices(sysfs: Sysfs) -> tuple[dict[str, BlockDevice], dict[str, str]
         devices[name] = BlockDevice(name=name, pci_device=pci_device_of(real))
         parts = real.split("/")
         if len(parts) >= 2 and sysfs.exists(f"{real}/partition"):
-            disk_of[name] = parts[-2]
+            disk_of[name] = devices[name].partition_of = parts[-2]
     return devices, disk_of
 
 

@@ -1,0 +1,56 @@
+"""Shared fixtures: captured host roots unpacked into temp dirs, fake hosts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.fakehost import FakeHost
+
+HOSTS = Path(__file__).parent / "fixtures" / "hosts"
+
+
+def captured_hosts() -> list[str]:
+    """Names of every captured host tarball kept under tests/fixtures/hosts."""
+    return sorted(p.name[: -len(".tar.gz")] for p in HOSTS.glob("*.tar.gz"))
+
+
+@pytest.fixture(scope="session")
+def host_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``host_root("h100-passthrough-guest")`` -> the unpacked capture (once per session)."""
+    cache: dict[str, Path] = {}
+
+    def unpack(name: str) -> Path:
+        if name not in cache:
+            dest = tmp_path_factory.mktemp(name)
+            with tarfile.open(HOSTS / f"{name}.tar.gz") as tar:
+                tar.extractall(dest, filter="tar")
+            cache[name] = dest
+        return cache[name]
+
+    return unpack
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeHost:
+    return FakeHost(tmp_path / "root")
+
+
+def tree_digest(root: Path) -> str:
+    """A hash of every path, link target and file content below ``root``."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            path = Path(dirpath, name)
+            h.update(str(path.relative_to(root)).encode())
+            if path.is_symlink():
+                h.update(os.readlink(path).encode())
+            elif path.is_file():
+                h.update(path.read_bytes())
+    return h.hexdigest()

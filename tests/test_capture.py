@@ -1,0 +1,90 @@
+"""gpuprov capture: what inspect reads, read back identically, nothing private."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from gpuprov.capture import capture
+from gpuprov.cli import main
+from tests.conftest import captured_hosts, tree_digest
+
+
+def inspect(root: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    assert main(["inspect", "--json", "--root", str(root)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    report["host"].pop("root")
+    return report
+
+
+def unpack(tarball: Path, dest: Path) -> Path:
+    with tarfile.open(tarball) as tar:
+        tar.extractall(dest, filter="tar")
+    return dest
+
+
+@pytest.mark.parametrize("name", captured_hosts())
+def test_capture_of_a_capture_reads_back_the_same(name, host_root, tmp_path, capsys) -> None:
+    root = host_root(name)
+    before = tree_digest(root)
+    out = tmp_path / "again.tar.gz"
+    assert main(["capture", str(out), "--root", str(root)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out}: ")
+    assert tree_digest(root) == before  # capture only reads
+    assert inspect(unpack(out, tmp_path / "x"), capsys) == inspect(root, capsys)
+
+
+def test_live_capture_reads_back_as_the_live_host(tmp_path, capsys) -> None:
+    out = tmp_path / "live.tar.gz"
+    assert main(["capture", str(out)]) == 0
+    capsys.readouterr()
+    live = inspect(Path("/"), capsys)
+    captured = inspect(unpack(out, tmp_path / "x"), capsys)
+    # The in-use scan is the one live-only part: a capture holds only what it found.
+    live["host_needs"].pop("open_files_complete")
+    captured["host_needs"].pop("open_files_complete")
+    assert captured == live
+
+
+def test_links_are_relative_and_serials_absent(fake, tmp_path) -> None:
+    fake.pci("0000:41:00.0", cls=0x030000, driver="vfio-pci", group=5)
+    base = fake.root / fake.paths["0000:41:00.0"]
+    (base / "serial_number").write_text("12-34-56-78-9a-bc-de-f0\n")
+    (base / "vpd").write_bytes(b"\x82SERIAL-IN-VPD")
+    # config space with a Device Serial Number extended capability at 0x100
+    config = bytearray(4096)
+    config[0x100:0x104] = (0x0003 | (1 << 16)).to_bytes(4, "little")
+    config[0x104:0x10C] = bytes(range(1, 9))
+    (base / "config").write_bytes(bytes(config))
+    fake.open_file(4242, "qemu-system-x86", "/dev/vfio/5", fd=7)
+    os.symlink("socket:[12345]", fake.root / "proc/4242/fd/8")
+    os.symlink("/home/alice/secret.txt", fake.root / "proc/4242/fd/9")
+    fake.open_file(99, "bash", "/dev/pts/0")
+    out = tmp_path / "c.tar.gz"
+    capture(str(out), str(fake.finish()))
+    with tarfile.open(out) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        cfg = tar.extractfile(members[f"{fake.paths['0000:41:00.0']}/config"]).read()
+    links = {n: m.linkname for n, m in members.items() if m.issym()}
+    assert links["proc/4242/fd/7"] == "/dev/vfio/5"
+    assert "proc/4242/fd/8" not in members and "proc/4242/fd/9" not in members
+    assert not any(n.startswith("proc/99") for n in members)
+    others = {n: t for n, t in links.items() if not n.startswith("proc/")}
+    assert others and all(not t.startswith("/") for t in others.values())
+    assert not any(n.endswith(("/serial_number", "/vpd")) for n in members)
+    assert cfg[0x104:0x10C] == bytes(8) and cfg[0x100] == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("out.zip", "should end in .tar.gz"), ("missing/dir/out.tar.gz", "does not exist")],
+)
+def test_bad_output_is_refused_and_nothing_is_written(name, message, host_root, tmp_path, capsys) -> None:
+    before = tree_digest(tmp_path)
+    assert main(["capture", str(tmp_path / name), "--root", str(host_root("ci-host-no-iommu"))]) == 2
+    assert message in capsys.readouterr().err
+    assert tree_digest(tmp_path) == before

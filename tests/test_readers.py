@@ -1,0 +1,126 @@
+"""The readers on odd input: what real kernels show beyond the fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuprov.host.iommu import parse_cmdline, read_iommu
+from gpuprov.host.mdev import parse_vgpu_types
+from gpuprov.host.names import PciIds
+from gpuprov.host.numa import parse_cpulist, read_numa
+from gpuprov.host.pci import PciAddressError, normalize_address, read_pci_devices
+from gpuprov.host.sysfs import Sysfs
+
+
+def test_resolve_follows_relative_and_absolute_links_inside_the_root(tmp_path: Path) -> None:
+    (tmp_path / "sys/devices/pci0000:00/0000:00:01.0").mkdir(parents=True)
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
+    os.symlink("../../../devices/pci0000:00/0000:00:01.0", tmp_path / "sys/bus/pci/devices/0000:00:01.0")
+    os.symlink("/sys/devices/pci0000:00", tmp_path / "sys/abs")  # absolute: stays in the root
+    s = Sysfs(str(tmp_path), trace=True)
+    assert s.resolve("sys/bus/pci/devices/0000:00:01.0") == "sys/devices/pci0000:00/0000:00:01.0"
+    assert s.resolve("sys/abs/0000:00:01.0") == "sys/devices/pci0000:00/0000:00:01.0"
+    assert ("readlink", "sys/bus/pci/devices/0000:00:01.0") in (s.trace or [])
+
+
+def test_link_loop_terminates(tmp_path: Path) -> None:
+    os.symlink("b", tmp_path / "a")
+    os.symlink("a", tmp_path / "b")
+    assert Sysfs(str(tmp_path)).resolve("a/x").endswith("x")
+
+
+def test_missing_and_unreadable_are_none(tmp_path: Path) -> None:
+    s = Sysfs(str(tmp_path))
+    (tmp_path / "dir").mkdir()
+    assert s.read("nope") is None and s.read("dir") is None
+    assert s.listdir("nope") == [] and s.try_listdir("nope") is None
+    (tmp_path / "n").write_text("zz\n")
+    assert s.read_int("n") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("41:00.0", "0000:41:00.0"), ("0000:41:00.0", "0000:41:00.0"), ("10000:E1:00.1", "10000:e1:00.1")],
+)
+def test_addresses_normalized(text: str, expected: str) -> None:
+    assert normalize_address(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "41:00", "10de:2330", "0000:41:00.8", "0000:41:20.0", "0000:41:00.0 "])
+def test_bad_addresses_say_the_form(text: str) -> None:
+    if text.strip() == "0000:41:00.0":
+        assert normalize_address(text) == "0000:41:00.0"
+        return
+    with pytest.raises(PciAddressError, match="DOMAIN:BUS:SLOT.FUNCTION"):
+        normalize_address(text)
+
+
+def test_odd_pci_attributes(fake) -> None:
+    # VMD domain, Unknown link speed, width 255, no reset_method (old kernel), garbage class
+    fake.pci("10000:e1:00.0", cls=0x010802, link=None, reset=None)
+    base = fake.root / fake.paths["10000:e1:00.0"]
+    (base / "current_link_speed").write_text("Unknown\n")
+    (base / "max_link_width").write_text("255\n")
+    (base / "class").write_text("garbage\n")
+    (base / "unknown_new_attribute").write_text("42\n")
+    dev = read_pci_devices(Sysfs(str(fake.finish())))["10000:e1:00.0"]
+    assert dev.link.current_speed is None and dev.link.max_width is None
+    assert dev.reset_methods is None and dev.class_code is None and dev.base_class is None
+    assert dev.name == "[10de:2330]" or dev.vendor_name
+
+
+def test_cmdline_and_iommu_args(fake) -> None:
+    assert parse_cmdline("a=b c  d=e=f") == {"a": "b", "c": None, "d": "e=f"}
+    fake.cmdline += " vfio-pci.ids=10de:2330 pcie_acs_override=downstream"
+    fake.write("proc/modules", "vfio_pci 16384 0 - Live 0x0\nkvm_intel 1 0 - Live 0x0\n")
+    fake.write("sys/module/vfio/parameters/enable_unsafe_noiommu_mode", "N\n")
+    state = read_iommu(Sysfs(str(fake.finish())))
+    assert state.args == {
+        "intel_iommu": "on",
+        "iommu": "pt",
+        "vfio-pci.ids": "10de:2330",
+        "pcie_acs_override": "downstream",
+    }
+    assert state.passthrough is True and state.vendor == "intel"
+    assert state.modules == {"vfio": "builtin", "vfio_pci": "loaded"}
+    assert state.interrupt_remapping == "supported"
+
+
+def test_vgpu_type_lines() -> None:
+    text = "ID    : vGPU Name\n557   : NVIDIA A100-1-5C\n 558 : NVIDIA A100-2-10C \nnonsense\n"
+    assert parse_vgpu_types(text) == {557: "NVIDIA A100-1-5C", 558: "NVIDIA A100-2-10C"}
+    assert parse_vgpu_types(None) == {}
+
+
+def test_numa_nodes_and_hugepages(fake) -> None:
+    for n, cpus in ((0, "0-3,8-11"), (1, "4-7,12-15")):
+        nb = f"sys/devices/system/node/node{n}"
+        fake.write(f"{nb}/cpulist", cpus + "\n")
+        fake.write(f"{nb}/meminfo", f"Node {n} MemTotal:       65536000 kB\nNode {n} MemFree: 1 kB\n")
+        fake.write(f"{nb}/hugepages/hugepages-1048576kB/nr_hugepages", "16\n")
+        fake.write(f"{nb}/hugepages/hugepages-1048576kB/free_hugepages", "8\n")
+    nodes = read_numa(Sysfs(str(fake.finish())))
+    assert [n.node for n in nodes] == [0, 1]
+    assert nodes[1].memory_kib == 65536000
+    assert nodes[0].hugepages == {"1048576kB": {"total": 16, "free": 8}}
+    assert parse_cpulist(nodes[0].cpulist) == [0, 1, 2, 3, 8, 9, 10, 11]
+
+
+def test_no_numa_directory_means_one_node(fake) -> None:
+    fake.write("proc/meminfo", "MemTotal:       24000000 kB\n")
+    fake.write("sys/devices/system/cpu/online", "0-1\n")
+    (node,) = read_numa(Sysfs(str(fake.finish())))
+    assert (node.node, node.cpulist, node.memory_kib) == (0, "0-1", 24000000)
+
+
+def test_pci_ids_lookup() -> None:
+    ids = PciIds(
+        "# comment\n10de  NVIDIA Corporation\n\t2330  GH100 [H100 SXM5 80GB]\n"
+        "\t\t10de 16c1  H100 SXM5 80GB\n\t2331  GH100 [H100 PCIe]\n1234  Other\n\t2330  Not NVIDIA\n"
+    )
+    assert ids.lookup(0x10DE, 0x2330) == ("NVIDIA Corporation", "GH100 [H100 SXM5 80GB]")
+    assert ids.lookup(0x10DE, 0x9999) == ("NVIDIA Corporation", None)
+    assert ids.lookup(0xFFFF, 1) == (None, None)
