@@ -47,6 +47,7 @@ def test_machine_without_gpu_or_iommu_says_nothing_here(host_root, capsys) -> No
     assert main(["inspect", "--root", root]) == 0
     assert "No GPUs here" in capsys.readouterr().out
     rc, report = inspect_json(capsys, "--root", root)
+    assert rc == 0
     assert report["gpus"] == [] and report["summary"] == {"gpus": 0, "ready": 0, "not_ready": 0}
     # A monitoring gate on "every GPU ready" must not pass on a host with none.
     assert main(["inspect", "--root", root, "--require-ready", "all"]) == 3
