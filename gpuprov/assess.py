@@ -70,6 +70,12 @@ def companions_of(facts: HostFacts, address: str) -> list[str]:
 
 
 def _iommu_fix(facts: HostFacts) -> str:
+    if facts.iommu.hypervisor:
+        return (
+            "this host is itself a VM: passthrough from here needs a virtual IOMMU from its hypervisor "
+            "(QEMU: -device intel-iommu,intremap=on,caching-mode=on); a GPU passed into this VM "
+            "is used here directly (gpuprov verify checks it)"
+        )
     cpu = facts.iommu.cpu_vendor or ""
     if "AMD" in cpu:
         args = "iommu=pt (AMD-Vi is on by default; check amd_iommu is not off)"

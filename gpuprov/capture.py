@@ -125,6 +125,8 @@ class _Archive:
             if data is not None:
                 if real.endswith("/config") and PCI_ADDRESS_RE.match(real.rsplit("/", 2)[-2]):
                     data = _zero_dsn(data)
+                elif real.startswith("proc/driver/"):
+                    data = _scrub(data.decode("utf-8", "replace")).encode()  # GPU UUIDs
                 self.members.setdefault(real, ("file", data))
 
     def _relative(self, here: str, target: str) -> str:

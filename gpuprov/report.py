@@ -83,6 +83,7 @@ def build_report(facts: HostFacts, gpus: list[GpuAssessment]) -> dict[str, Any]:
             "units": iommu.units,
             "vendor": iommu.vendor,
             "cpu_vendor": iommu.cpu_vendor,
+            "hypervisor": iommu.hypervisor,
             "cmdline": iommu.cmdline,
             "args": iommu.args,
             "passthrough": iommu.passthrough,

@@ -41,9 +41,10 @@ def _gpu_table(report: dict[str, Any]) -> Table:
     for gpu in report["gpus"]:
         verdict = Text("ready", "green") if gpu["ready"] else Text("not ready", "bold red")
         reset = "unknown" if gpu["reset_methods"] is None else " ".join(gpu["reset_methods"]) or "none"
+        ids = f"[{gpu['vendor_device']}]"
         table.add_row(
             gpu["address"],
-            f"{gpu['name']} [{gpu['vendor_device']}]",
+            gpu["name"] if gpu["name"] == ids else f"{gpu['name']} {ids}",
             gpu["driver"] or "-",
             gpu["iommu_group"] or "-",
             "-" if gpu["numa_node"] is None else str(gpu["numa_node"]),
@@ -107,7 +108,10 @@ def _all_devices(report: dict[str, Any]) -> list[Table]:
 
 
 def print_report(report: dict[str, Any], *, show_all: bool = False, console: Console | None = None) -> None:
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=max(console.width, 160))  # piped/logged: do not wrap at 80
     for line in _host_lines(report):
         console.print(line)
     console.print()

@@ -41,6 +41,13 @@ def test_iommu_off_blocks_with_vendor_specific_fix(tmp_path) -> None:
     assert not gpu.ready
 
 
+def test_iommu_off_on_intel_bare_metal_names_the_kernel_args(tmp_path) -> None:
+    fake = FakeHost(tmp_path, iommu=False)
+    fake.pci(GPU, cls=0x030000)
+    (gpu,) = assess(gather(Sysfs(str(fake.finish()))))
+    assert "add intel_iommu=on iommu=pt to the kernel command line" in (gpu.findings[0].fix or "")
+
+
 def test_iommu_on_but_device_has_no_group(fake) -> None:
     fake.pci(GPU, cls=0x030000)
     fake.pci("0000:00:00.0", cls=0x060000, group=0)

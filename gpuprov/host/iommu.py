@@ -45,6 +45,7 @@ class IommuState:
     units: list[str]  # dmar0, ivhd0, smmu3.0x..., virtio-iommu...
     vendor: str | None  # intel | amd | arm | virtio | None
     cpu_vendor: str | None  # GenuineIntel | AuthenticAMD | ...
+    hypervisor: bool  # this host is itself a VM (cpuinfo's hypervisor flag)
     cmdline: str
     args: dict[str, str | None]  # the IOMMU-relevant args present in cmdline
     passthrough: bool | None  # iommu=pt / identity default domain
@@ -67,14 +68,19 @@ def _unit_vendor(units: list[str]) -> str | None:
     return None
 
 
-def _cpu_vendor(sysfs: Sysfs) -> str | None:
-    # Only the first processor's block is needed; cpuinfo is large on big hosts.
+def _cpu_info(sysfs: Sysfs) -> tuple[str | None, bool]:
+    """CPU vendor and whether the hypervisor flag is set, from the first processor."""
+    vendor, hypervisor = None, False
     for line in sysfs.read_lines("proc/cpuinfo"):
-        if line.startswith(("vendor_id", "CPU implementer")):
-            return line.split(":", 1)[1].strip()
-        if not line.strip():
-            break
-    return None
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("vendor_id", "CPU implementer") and vendor is None:
+            vendor = value.strip()
+        elif key == "flags":
+            hypervisor = "hypervisor" in value.split()
+        elif not line.strip() and vendor is not None:
+            break  # one processor's block is enough; cpuinfo is long on big hosts
+    return vendor, hypervisor
 
 
 def _interrupt_remapping(sysfs: Sysfs, units: list[str]) -> str:
@@ -131,12 +137,14 @@ def read_iommu(sysfs: Sysfs) -> IommuState:
         if types:
             passthrough = types == {"identity"}
 
+    cpu_vendor, hypervisor = _cpu_info(sysfs)
     unsafe = sysfs.read("sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts")
     return IommuState(
         enabled=bool(units) or bool(groups),
         units=units,
         vendor=_unit_vendor(units),
-        cpu_vendor=_cpu_vendor(sysfs),
+        cpu_vendor=cpu_vendor,
+        hypervisor=hypervisor,
         cmdline=cmdline,
         args=relevant,
         passthrough=passthrough,
