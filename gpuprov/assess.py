@@ -91,14 +91,18 @@ def held_open(facts: HostFacts) -> dict[str, list[str]]:
     """PCI address -> who holds it open (GPU, DRM or VFIO device files)."""
     from .host.usage import devices_with_open_files
 
-    groups = {n: g.devices for n, g in facts.iommu.groups.items()}
+    # A /dev/vfio/N holder holds the group's endpoints; its bridges stay with the host.
+    groups = {
+        n: [a for a in g.devices if a in facts.pci and not facts.pci[a].is_pci_bridge]
+        for n, g in facts.iommu.groups.items()
+    }
     nvidia_bound = [a for a, d in facts.pci.items() if d.driver == "nvidia"]
     return devices_with_open_files(facts.usage, groups, nvidia_bound)
 
 
-def host_critical_reasons(facts: HostFacts, member: PciDevice, held: dict[str, list[str]]) -> list[str]:
+def host_critical_reasons(facts: HostFacts, member: PciDevice) -> list[str]:
     """Why taking ``member`` from the host would take the host's disk, network,
-    console or chipset away, or pull it from under a running user; [] when free."""
+    console or chipset away; [] when the host does not need it."""
     reasons: list[str] = []
     addr = member.address
     if member.boot_vga:
@@ -127,8 +131,6 @@ def host_critical_reasons(facts: HostFacts, member: PciDevice, held: dict[str, l
             elif carrier.in_use:
                 what = ", ".join(carrier.addresses + carrier.routes)
                 reasons.append(f"is NIC {net.name}, with address/route {what}{via}")
-    for who in held.get(addr, []):
-        reasons.append(f"is in use: {who}")
     return reasons
 
 
@@ -142,18 +144,28 @@ def _member_findings(
         if member is None:
             continue
         own = addr == gpu.address
-        label = "the GPU" if own else addr
-        for reason in host_critical_reasons(facts, member, held):
+        critical = host_critical_reasons(facts, member)
+        for reason in critical:
             findings.append(
                 Finding(
                     code="host-critical",
                     severity=BLOCKER,
-                    message=f"{label} {reason}; binding it to vfio-pci takes it from the host",
+                    message=f"{addr} {reason}; binding it to vfio-pci takes it from the host",
                     fix=(
-                        "keep this GPU for the host, or move it to a slot with its own IOMMU group"
-                        if not own
-                        else "pass through another GPU; this one serves the host"
+                        "pass through another device; the host needs this one"
+                        if own
+                        else f"keep {gpu.address} for the host, or move it to a slot with its own IOMMU group"
                     ),
+                    device=None if own else addr,
+                )
+            )
+        for who in held.get(addr, []):
+            findings.append(
+                Finding(
+                    code="in-use",
+                    severity=BLOCKER,
+                    message=f"{addr} is in use: {who}",
+                    fix="stop the VM or process that holds it, or choose another device",
                     device=None if own else addr,
                 )
             )
@@ -161,7 +173,7 @@ def _member_findings(
             continue
         if addr in companions:
             continue
-        if member.driver and member.driver not in VFIO_DRIVERS and not host_critical_reasons(facts, member, held):
+        if member.driver and member.driver not in VFIO_DRIVERS and not host_critical_reasons(facts, member):
             findings.append(
                 Finding(
                     code="group-shared",

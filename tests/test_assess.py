@@ -57,7 +57,7 @@ def test_iommu_on_but_device_has_no_group(fake) -> None:
 def test_boot_vga_is_refused(fake) -> None:
     gpu_on_root_port(fake, boot_vga=True)
     (msg,) = findings(fake)["host-critical"]
-    assert msg == "blocker: the GPU is the boot display (boot_vga=1); binding it to vfio-pci takes it from the host"
+    assert msg == f"blocker: {GPU} is the boot display (boot_vga=1); binding it to vfio-pci takes it from the host"
 
 
 def test_framebuffer_console_is_refused(fake) -> None:
@@ -125,14 +125,14 @@ def test_chipset_devices_are_refused(fake) -> None:
 def test_device_held_open_is_refused(fake) -> None:
     gpu_on_root_port(fake, driver="vfio-pci")
     fake.open_file(4242, "qemu-system-x86", "/dev/vfio/5")
-    msgs = findings(fake)["host-critical"]
-    assert any("is in use: qemu-system-x86 (pid 4242) has /dev/vfio/5 open" in m for m in msgs)
+    (msg,) = findings(fake)["in-use"]
+    assert msg == f"blocker: {GPU} is in use: qemu-system-x86 (pid 4242) has /dev/vfio/5 open"
 
 
 def test_nvidiactl_open_marks_every_nvidia_gpu(fake) -> None:
     gpu_on_root_port(fake)
     fake.open_file(77, "nvidia-persiste", "/dev/nvidiactl")
-    assert "in use: nvidia-persiste (pid 77)" in findings(fake)["host-critical"][0]
+    assert "in use: nvidia-persiste (pid 77) has /dev/nvidiactl open" in findings(fake)["in-use"][0]
 
 
 def test_companion_audio_goes_with_the_gpu(fake) -> None:

@@ -56,7 +56,7 @@ def test_bad_addresses_say_the_form(text: str) -> None:
 
 
 def test_odd_pci_attributes(fake) -> None:
-    # VMD domain, Unknown link speed, width 255, no reset_method (old kernel), garbage class
+    # VMD domain, Unknown link speed, width 255, no reset_method (hidden: no reset), garbage class
     fake.pci("10000:e1:00.0", cls=0x010802, link=None, reset=None)
     base = fake.root / fake.paths["10000:e1:00.0"]
     (base / "current_link_speed").write_text("Unknown\n")
@@ -65,7 +65,7 @@ def test_odd_pci_attributes(fake) -> None:
     (base / "unknown_new_attribute").write_text("42\n")
     dev = read_pci_devices(Sysfs(str(fake.finish())))["10000:e1:00.0"]
     assert dev.link.current_speed is None and dev.link.max_width is None
-    assert dev.reset_methods is None and dev.class_code is None and dev.base_class is None
+    assert dev.reset_methods == [] and dev.class_code is None and dev.base_class is None
     assert dev.name == "[10de:2330]" or dev.vendor_name
 
 
@@ -121,3 +121,10 @@ def test_pci_ids_lookup() -> None:
     assert ids.lookup(0x10DE, 0x2330) == ("NVIDIA Corporation", "GH100 [H100 SXM5 80GB]")
     assert ids.lookup(0x10DE, 0x9999) == ("NVIDIA Corporation", None)
     assert ids.lookup(0xFFFF, 1) == (None, None)
+
+
+def test_reset_method_absent_on_old_kernel_is_unknown(fake) -> None:
+    fake.write("proc/version", "Linux version 5.4.0-150-generic (buildd@lcy02) #167\n")
+    fake.pci("0000:41:00.0", cls=0x030000, reset=None)
+    dev = read_pci_devices(Sysfs(str(fake.finish())))["0000:41:00.0"]
+    assert dev.reset_methods is None

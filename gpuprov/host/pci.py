@@ -169,7 +169,15 @@ def _parent_address(sysfs_path: str, address: str) -> str | None:
     return None
 
 
-def read_pci_device(sysfs: Sysfs, address: str) -> PciDevice:
+def kernel_shows_reset_method(sysfs: Sysfs) -> bool:
+    """Kernels from 5.15 have ``reset_method``, and hide it on devices that have
+    no reset at all; older ones never show it."""
+    version = (sysfs.read("proc/version") or "").split()
+    m = re.match(r"(\d+)\.(\d+)", version[2]) if len(version) > 2 else None
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (5, 15)
+
+
+def read_pci_device(sysfs: Sysfs, address: str, *, reset_method_shown: bool = True) -> PciDevice:
     """One device's facts; every attribute a kernel may lack is optional."""
     base = sysfs.resolve(f"{PCI_DEVICES}/{address}")
     rd = sysfs.read
@@ -178,8 +186,12 @@ def read_pci_device(sysfs: Sysfs, address: str) -> PciDevice:
     if driver_override in ("(null)", ""):
         driver_override = None
 
-    reset_text = rd(f"{base}/reset_method")
-    reset_methods = None if reset_text is None else reset_text.split()
+    entries = sysfs.listdir(base)
+    reset_methods: list[str] | None = None
+    if "reset_method" in entries:
+        reset_methods = (rd(f"{base}/reset_method") or "").split()
+    elif reset_method_shown:
+        reset_methods = []  # hidden by the kernel: the device has no reset method
 
     numa = _int_or_none(rd(f"{base}/numa_node"))
     link = PciLink(
@@ -194,7 +206,6 @@ def read_pci_device(sysfs: Sysfs, address: str) -> PciDevice:
     if link.current_width in (0, 255):
         link.current_width = None
 
-    entries = sysfs.listdir(base)
     virtfns = sorted((e for e in entries if e.startswith("virtfn")), key=lambda e: int(e[6:] or 0))
     return PciDevice(
         address=address,
@@ -224,7 +235,8 @@ def read_pci_device(sysfs: Sysfs, address: str) -> PciDevice:
 def read_pci_devices(sysfs: Sysfs) -> dict[str, PciDevice]:
     """Every PCI device the kernel lists, by full address, in address order."""
     devices: dict[str, PciDevice] = {}
+    shown = kernel_shows_reset_method(sysfs)
     for address in sysfs.listdir(PCI_DEVICES):
         if PCI_ADDRESS_RE.match(address):
-            devices[address] = read_pci_device(sysfs, address)
+            devices[address] = read_pci_device(sysfs, address, reset_method_shown=shown)
     return devices

@@ -255,12 +255,20 @@ def _drm_cards(sysfs: Sysfs) -> dict[str, str]:
 
 
 def _console_devices(sysfs: Sysfs) -> list[str]:
+    """PCI devices behind the framebuffer console.
+
+    fbcon maps every console to fb0 unless ``fbcon=map:`` says otherwise; other
+    framebuffers (one per GPU with DRM fbdev emulation) carry no console.
+    """
+    fbs = ["fb0"]
+    for token in (sysfs.read("proc/cmdline") or "").split():
+        if token.startswith("fbcon=map:"):
+            fbs = sorted({f"fb{c}" for c in token[len("fbcon=map:") :] if c.isdigit()})
     found = []
-    for name in sysfs.listdir("sys/class/graphics"):
-        if name.startswith("fb"):
-            addr = pci_device_of(sysfs.resolve(f"sys/class/graphics/{name}/device"))
-            if addr and addr not in found:
-                found.append(addr)
+    for name in fbs:
+        addr = pci_device_of(sysfs.resolve(f"sys/class/graphics/{name}/device"))
+        if addr and addr not in found:
+            found.append(addr)
     return found
 
 
