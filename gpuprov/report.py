@@ -33,7 +33,12 @@ def pci_device_dict(dev: PciDevice) -> dict[str, Any]:
         "driver_override": dev.driver_override,
         "numa_node": dev.numa_node,
         "local_cpulist": dev.local_cpulist,
-        "link": asdict(dev.link),
+        "link": {
+            "current_speed": dev.link.current_speed,
+            "current_width": dev.link.current_width,
+            "max_speed": dev.link.max_speed,
+            "max_width": dev.link.max_width,
+        },
         "reset_methods": dev.reset_methods,
         "boot_vga": dev.boot_vga,
         "iommu_group": dev.iommu_group,
@@ -90,7 +95,7 @@ def build_report(facts: HostFacts, gpus: list[GpuAssessment]) -> dict[str, Any]:
             "interrupt_remapping": iommu.interrupt_remapping,
             "allow_unsafe_interrupts": iommu.allow_unsafe_interrupts,
             "modules": iommu.modules,
-            "groups": [asdict(g) for g in iommu.groups.values()],
+            "groups": [{"number": g.number, "devices": g.devices, "type": g.type} for g in iommu.groups.values()],
         },
         "pci_devices": [pci_device_dict(d) for d in facts.pci.values()],
         "mdev": {
@@ -113,8 +118,20 @@ def build_report(facts: HostFacts, gpus: list[GpuAssessment]) -> dict[str, Any]:
             "boot_vga": [a for a, d in facts.pci.items() if d.boot_vga],
             "console": usage.console_devices,
             "drm_cards": usage.drm_cards,
-            "block": [asdict(b) for b in usage.block.values()],
-            "net": [asdict(n) for n in usage.net.values()],
+            "block": [
+                {"name": b.name, "pci_device": b.pci_device, "partition_of": b.partition_of, "uses": b.uses}
+                for b in usage.block.values()
+            ],
+            "net": [
+                {
+                    "name": n.name,
+                    "pci_device": n.pci_device,
+                    "addresses": n.addresses,
+                    "routes": n.routes,
+                    "upper": n.upper,
+                }
+                for n in usage.net.values()
+            ],
             "open_device_files": [asdict(f) for f in usage.open_files],
             "open_files_complete": usage.open_files_complete,
         },

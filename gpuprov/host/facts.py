@@ -27,6 +27,16 @@ class HostFacts:
     usage: HostUsage
     names_from: str  # "udev" | "pci.ids" | "none"
 
+    def slot_functions(self) -> dict[str, list[str]]:
+        """Slot (``0000:41:00``) -> its functions' addresses; built once."""
+        index = self.__dict__.get("_slots")
+        if index is None:
+            index = {}
+            for addr, dev in self.pci.items():
+                index.setdefault(dev.slot, []).append(addr)
+            self.__dict__["_slots"] = index
+        return index
+
     def group_members(self, address: str) -> list[str]:
         dev = self.pci.get(address)
         if dev is None or dev.iommu_group is None:
@@ -62,12 +72,16 @@ def gather(sysfs: Sysfs) -> HostFacts:
     """Read every fact inspect, plan and the modules use. Read-only."""
     devices = read_pci_devices(sysfs)
     version = sysfs.read("proc/version")
+    groups: dict[str, list[str]] = {}
+    for addr, dev in devices.items():
+        if dev.iommu_group is not None:
+            groups.setdefault(dev.iommu_group, []).append(addr)
     return HostFacts(
         root=sysfs.root,
         kernel=version.split()[2] if version and len(version.split()) > 2 else None,
         os_name=_os_name(sysfs),
         pci=devices,
-        iommu=read_iommu(sysfs),
+        iommu=read_iommu(sysfs, groups),
         mdev_parents=read_mdev_parents(sysfs),
         mdevs=read_mdev_instances(sysfs),
         vgpu_vfs=read_vgpu_vfs(sysfs, devices),

@@ -109,22 +109,23 @@ def _modules(sysfs: Sysfs) -> dict[str, str]:
     return found
 
 
-def read_iommu_groups(sysfs: Sysfs) -> dict[str, IommuGroup]:
+def read_iommu_groups(sysfs: Sysfs, known: dict[str, list[str]] | None = None) -> dict[str, IommuGroup]:
+    """Groups and members. ``known`` (group -> PCI addresses, from each device's
+    iommu_group link) saves listing every group; groups no PCI device names
+    (mdevs, platform devices) are still listed."""
+    known = known or {}
     groups: dict[str, IommuGroup] = {}
     names = sysfs.listdir("sys/kernel/iommu_groups")
     for number in sorted(names, key=lambda n: (len(n), n)):
         base = f"sys/kernel/iommu_groups/{number}"
-        groups[number] = IommuGroup(
-            number=number,
-            devices=sysfs.listdir(f"{base}/devices"),
-            type=sysfs.read(f"{base}/type"),
-        )
+        members = sorted(known[number]) if number in known else sysfs.listdir(f"{base}/devices")
+        groups[number] = IommuGroup(number=number, devices=members, type=sysfs.read(f"{base}/type"))
     return groups
 
 
-def read_iommu(sysfs: Sysfs) -> IommuState:
+def read_iommu(sysfs: Sysfs, known_groups: dict[str, list[str]] | None = None) -> IommuState:
     units = sysfs.listdir("sys/class/iommu")
-    groups = read_iommu_groups(sysfs)
+    groups = read_iommu_groups(sysfs, known_groups)
     cmdline = sysfs.read("proc/cmdline") or ""
     args = parse_cmdline(cmdline)
     relevant = {k: v for k, v in args.items() if k in IOMMU_ARGS}

@@ -11,13 +11,19 @@ and a fact that cannot be read is reported as unknown by the caller.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
+
+_PCI_DIR = re.compile(r"^(pci)?[0-9a-f]{4,8}:[0-9a-f]{2}(:[0-1][0-9a-f]\.[0-7])?$")
 
 # (op, relpath) recorded when tracing; op is "read", "listdir" or "readlink".
 TraceEntry = tuple[str, str]
 
-# sysfs attributes are small; a cap keeps a stray binary file from being slurped.
-_MAX_READ = 1 << 20
+# sysfs attributes are at most a page (config space 4 KiB): one read gets them.
+# procfs files can be long and come a page at a time, so those are read to EOF,
+# up to a cap that keeps a stray huge file from being slurped.
+_CHUNK = 1 << 16
+_MAX_READ = 1 << 24
 
 
 class Sysfs:
@@ -32,6 +38,8 @@ class Sysfs:
         self.root = os.path.abspath(root)
         self._prefix = "" if self.root == "/" else self.root
         self.trace: list[TraceEntry] | None = [] if trace else None
+        # Path prefixes already resolved (sysfs does not change during one read).
+        self._resolved: dict[str, str] = {}
 
     @property
     def live(self) -> bool:
@@ -52,11 +60,26 @@ class Sysfs:
     def read_bytes(self, rel: str) -> bytes | None:
         if self.trace is not None:
             self.trace.append(("read", rel))
+        # os.open/os.read: a buffered file object costs more than the read itself.
         try:
-            with open(f"{self._prefix}/{rel}", "rb") as f:
-                return f.read(_MAX_READ)
+            fd = os.open(f"{self._prefix}/{rel}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            data = os.read(fd, _CHUNK)
+            if rel.startswith("sys/"):
+                return data
+            chunks = [data]
+            total = len(data)
+            while data and total < _MAX_READ:
+                data = os.read(fd, _CHUNK)
+                chunks.append(data)
+                total += len(data)
+            return b"".join(chunks)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     def read_int(self, rel: str, base: int = 0) -> int | None:
         """An integer attribute (``0x10de``, ``16``, ``-1``); ``None`` if not one."""
@@ -107,26 +130,56 @@ class Sysfs:
         sees each link (a capture must hold them all) and an absolute link in a
         capture cannot lead outside the root.
         """
-        parts: list[str] = []
+        # Fast path: a link (or entry) in a directory already resolved, the
+        # common case of sys/bus/pci/devices/X and sys/class/*/X.
+        head, _, name = rel.rpartition("/")
+        base = self._resolved.get(head)
+        if base is not None and name not in ("", ".", ".."):
+            target = self.readlink(rel)
+            if target is None:
+                return f"{base}/{name}"
+            if not target.startswith("/") and base.startswith("sys/"):
+                parts = base.split("/")
+                for comp in target.split("/"):
+                    if comp == "..":
+                        if parts:
+                            parts.pop()
+                    elif comp and comp != ".":
+                        parts.append(comp)
+                return "/".join(parts)
+        parts = []
         pending = rel.strip("/").split("/")
         hops = 0
+        canonical = 0  # components left from a link's target: sysfs targets are real paths
         while pending:
             name = pending.pop(0)
+            from_target = canonical > 0
+            canonical -= 1
             if name in ("", "."):
                 continue
             if name == "..":
                 if parts:
                     parts.pop()
                 continue
-            candidate = "/".join([*parts, name])
-            target = self.readlink(candidate) if hops < 64 else None
+            candidate = f"{'/'.join(parts)}/{name}" if parts else name
+            known = self._resolved.get(candidate)
+            if known is not None:
+                parts = known.split("/") if known else []
+                continue
+            # PCI device and host bridge directories under sys/devices are real
+            # directories, never links: no need to ask.
+            real_dir = len(parts) >= 2 and parts[1] == "devices" and parts[0] == "sys" and _PCI_DIR.match(name)
+            target = None if from_target or real_dir or hops >= 64 else self.readlink(candidate)
             if target is None:
                 parts.append(name)
+                self._resolved[candidate] = candidate
                 continue
             hops += 1
             if target.startswith("/"):
                 parts = []
-            pending = target.strip("/").split("/") + pending
+            target_parts = target.strip("/").split("/")
+            canonical = len(target_parts) if candidate.startswith("sys/") else 0
+            pending = target_parts + pending
         return "/".join(parts)
 
     def exists(self, rel: str) -> bool:

@@ -140,7 +140,7 @@ def _mark_block_usage(sysfs: Sysfs, devices: dict[str, BlockDevice], disk_of: di
             below += sysfs.listdir(f"sys/class/block/{name}/slaves") if name.startswith(("dm-", "md")) else []
             for lower in below:
                 lower_dev = devices.get(lower)
-                if lower_dev is not None and not any(u.startswith("backs ") for u in lower_dev.uses):
+                if lower_dev is not None and f"backs {name}" not in lower_dev.uses:
                     lower_dev.uses.append(f"backs {name}")
                     changed = True
 
