@@ -27,8 +27,21 @@ from .host.usage import _DEV_FILES
 
 # Never copied: serial numbers and identifiers (vpd holds the board serial).
 _PRIVATE_NAMES = {"serial_number", "serial", "vpd", "wwid", "address", "uuid", "phys_port_id"}
-# Extra per-device files so lspci -A linux-sysfs can read the capture too.
-_LSPCI_FILES = ("config", "resource", "irq", "modalias")
+# Extra per-device files so lspci -A linux-sysfs can read the capture too
+# (inspect itself takes the ids from uevent).
+_LSPCI_FILES = (
+    "config",
+    "resource",
+    "irq",
+    "modalias",
+    "vendor",
+    "device",
+    "subsystem_vendor",
+    "subsystem_device",
+    "class",
+    "revision",
+    "label",
+)
 _PROC_PID = re.compile(r"^proc/(\d+)(/|$)")
 _COMMANDS = {
     "lspci-nnk": ["lspci", "-D", "-nnk"],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -48,6 +50,21 @@ def test_live_capture_reads_back_as_the_live_host(tmp_path, capsys) -> None:
     live["host_needs"].pop("open_files_complete")
     captured["host_needs"].pop("open_files_complete")
     assert captured == live
+
+
+@pytest.mark.skipif(shutil.which("lspci") is None, reason="pciutils not installed (scripts/test.sh installs it)")
+def test_lspci_reads_a_capture(host_root, tmp_path) -> None:
+    out = tmp_path / "c.tar.gz"
+    capture(str(out), str(host_root("gpu-audio")))
+    root = unpack(out, tmp_path / "x")
+    listing = subprocess.run(
+        ["lspci", "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci", "-nnk"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "01:00.0 Unclassified device [00ff]" in listing and "[1234:11e8]" in listing
+    assert "Kernel driver in use: snd_hda_intel" in listing
 
 
 def test_links_are_relative_and_serials_absent(fake, tmp_path) -> None:
