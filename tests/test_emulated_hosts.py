@@ -44,7 +44,9 @@ def test_gpu_with_audio_companion(host_root) -> None:
     assert edu.ready
     assert edu.group_members == ["0000:01:00.0", "0000:01:00.1"]
     assert edu.companions == ["0000:01:00.1"]
-    assert any(f.code == "companion" and "HD audio 0000:01:00.1 (driver snd_hda_intel)" in f.message for f in edu.findings)
+    assert any(
+        f.code == "companion" and "HD audio 0000:01:00.1 (driver snd_hda_intel)" in f.message for f in edu.findings
+    )
 
 
 def test_gpu_sharing_a_group_with_the_default_route_nic(host_root) -> None:
@@ -68,7 +70,7 @@ def test_boot_vga_and_console(host_root) -> None:
 
 
 def test_gpu_sharing_a_group_with_nvme_in_use(host_root) -> None:
-    facts, gpus = load(host_root, "nvme-swap")
+    _, gpus = load(host_root, "nvme-swap")
     edu = gpus["0000:03:00.0"]
     assert not edu.ready
     (msg,) = [m for m in blockers(edu) if "controls block device" in m]
