@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .sysfs import Sysfs
+from .sysfs import Sysfs, parse_int
 
 PCI_DEVICES = "sys/bus/pci/devices"
 
@@ -147,15 +147,6 @@ def _link_speed(text: str | None) -> float | None:
         return None
 
 
-def _int_or_none(text: str | None, base: int = 10) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text, base)
-    except ValueError:
-        return None
-
-
 def _parent_address(sysfs_path: str, address: str) -> str | None:
     # sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0: the component before
     # the device's own is its upstream bridge, when that is a PCI address.
@@ -206,9 +197,9 @@ def _read_link(sysfs: Sysfs, base: str, entries: list[str]) -> PciLink:
         return PciLink()  # conventional PCI: no link attributes at all
     link = PciLink(
         current_speed=_link_speed(rd(f"{base}/current_link_speed")),
-        current_width=_int_or_none(rd(f"{base}/current_link_width")),
+        current_width=parse_int(rd(f"{base}/current_link_width")),
         max_speed=_link_speed(rd(f"{base}/max_link_speed")),
-        max_width=_int_or_none(rd(f"{base}/max_link_width")),
+        max_width=parse_int(rd(f"{base}/max_link_width")),
     )
     # Width 0 or 255 shows a function with no link of its own (integrated, VFs).
     if link.max_width in (0, 255):
@@ -234,7 +225,7 @@ def read_pci_device(
 
     def hex_attr(name: str) -> int | None:
         value = ids.get(name)
-        return value if isinstance(value, int) else _int_or_none(rd(f"{base}/{name}"), 16)
+        return value if isinstance(value, int) else parse_int(rd(f"{base}/{name}"), 16)
 
     if "driver" in ids:
         driver: str | None = str(ids["driver"])
@@ -255,7 +246,7 @@ def read_pci_device(
     if pf is not None and physfn == pf.address:
         numa_node, local_cpulist, link = pf.numa_node, pf.local_cpulist, pf.link
     else:
-        numa = _int_or_none(rd(f"{base}/numa_node"))
+        numa = parse_int(rd(f"{base}/numa_node"))
         numa_node = None if numa is None or numa < 0 else numa
         local_cpulist = rd(f"{base}/local_cpulist")
         link = _read_link(sysfs, base, entries)
@@ -267,7 +258,7 @@ def read_pci_device(
         subsystem_vendor_id=hex_attr("subsystem_vendor"),
         subsystem_device_id=hex_attr("subsystem_device"),
         class_code=hex_attr("class"),
-        revision=_int_or_none(rd(f"{base}/revision"), 16),
+        revision=parse_int(rd(f"{base}/revision"), 16),
         driver=driver,
         driver_override=driver_override,
         numa_node=numa_node,
@@ -278,8 +269,8 @@ def read_pci_device(
         iommu_group=(sysfs.link_name(f"{base}/iommu_group") if "iommu_group" in entries else None),
         parent=_parent_address(base, address),
         sysfs_path=base,
-        sriov_totalvfs=(_int_or_none(rd(f"{base}/sriov_totalvfs")) if "sriov_totalvfs" in entries else None),
-        sriov_numvfs=(_int_or_none(rd(f"{base}/sriov_numvfs")) if "sriov_numvfs" in entries else None),
+        sriov_totalvfs=(parse_int(rd(f"{base}/sriov_totalvfs")) if "sriov_totalvfs" in entries else None),
+        sriov_numvfs=(parse_int(rd(f"{base}/sriov_numvfs")) if "sriov_numvfs" in entries else None),
         physfn=physfn,
     )
 

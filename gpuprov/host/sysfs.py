@@ -26,6 +26,16 @@ _CHUNK = 1 << 16
 _MAX_READ = 1 << 24
 
 
+def parse_int(text: str | None, base: int = 10) -> int | None:
+    """``int(text, base)``, or ``None`` for a missing or malformed value."""
+    if text is None:
+        return None
+    try:
+        return int(text, base)
+    except ValueError:
+        return None
+
+
 class Sysfs:
     """Read files, directories and symlinks below ``root``.
 
@@ -83,13 +93,7 @@ class Sysfs:
 
     def read_int(self, rel: str, base: int = 0) -> int | None:
         """An integer attribute (``0x10de``, ``16``, ``-1``); ``None`` if not one."""
-        text = self.read(rel)
-        if text is None:
-            return None
-        try:
-            return int(text, base)
-        except ValueError:
-            return None
+        return parse_int(self.read(rel), base)
 
     def read_lines(self, rel: str) -> list[str]:
         text = self.read(rel)
