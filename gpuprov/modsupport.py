@@ -1,0 +1,45 @@
+"""What every gpuprov Ansible module does with a plan: check mode, --diff,
+refusals as failures that changed nothing, apply, and one result shape.
+
+Modules stay thin (argument spec -> facts -> plan -> :func:`finish`). Ships
+to targets with the modules (``module_utils``); standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .host.sysfs import Sysfs
+from .plan import ApplyError, Plan, apply
+
+
+def finish(module: Any, plan: Plan, root: str, **extra: Any) -> None:
+    """Exit the module: refuse, report (check mode) or apply ``plan``.
+
+    ``module`` is an ``AnsibleModule``. Results carry ``plan`` (every action
+    as text), ``not_run`` (live-only actions not run because ``root`` is not
+    ``/``; not "skipped", which Ansible reads as the task's own status),
+    ``warnings`` and the file diff when ``--diff`` is on.
+    """
+    result: dict[str, Any] = {"changed": False, "plan": plan.describe(), "not_run": [], "root": root, **extra}
+    for warning in plan.warnings:
+        module.warn(warning)
+    if plan.refused:
+        module.fail_json(
+            msg=plan.refusal_text(),
+            refusals=[{"message": r.message, "fix": r.fix, "device": r.device} for r in plan.refusals],
+            **{k: v for k, v in result.items() if k != "changed"},
+        )
+    if module._diff:
+        result["diff"] = plan.diff()
+    if module.check_mode:
+        live = Sysfs(root).live
+        result["changed"] = any(live or not a.live_only for a in plan.actions)
+        module.exit_json(**result)
+    try:
+        applied = apply(plan, root)
+    except ApplyError as exc:
+        module.fail_json(msg=str(exc), done=exc.applied.done, **{k: v for k, v in result.items() if k != "changed"})
+    result["changed"] = applied.changed
+    result["not_run"] = applied.not_run
+    module.exit_json(**result)

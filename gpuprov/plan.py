@@ -1,0 +1,168 @@
+"""Plans: what would change, or why not, and the one place that applies them.
+
+facts -> plan -> apply -> verify. A planner is a pure function from facts
+(and the current text of the files it manages) to a :class:`Plan`: concrete
+actions, or refusals with reasons. ``gpuprov plan``, Ansible check mode and
+``--diff`` all show the same list. :func:`apply` executes a plan step by step
+against a root; actions on the running kernel (sysfs writes, commands) run
+only against the live root ``/``: against a captured or staged root they are
+reported as skipped, so a dry run over a capture never touches the capture's
+sysfs files.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+from .host.sysfs import Sysfs
+
+WRITE_FILE, REMOVE_FILE, WRITE_SYSFS, COMMAND = "file", "remove", "sysfs", "command"
+
+
+@dataclass
+class Action:
+    kind: str  # file | remove | sysfs | command
+    why: str
+    path: str | None = None  # root-relative
+    content: str | None = None  # new file content, or the value written to sysfs
+    before: str | None = None  # current file content (None: absent), for --diff
+    mode: int = 0o644
+    argv: list[str] | None = None
+
+    @property
+    def live_only(self) -> bool:
+        """Acts on the running kernel or system, not on files below the root."""
+        return self.kind in (WRITE_SYSFS, COMMAND)
+
+    def describe(self) -> str:
+        if self.kind == WRITE_FILE:
+            verb = "create" if self.before is None else "update"
+            return f"{verb} /{self.path} ({self.why})"
+        if self.kind == REMOVE_FILE:
+            return f"remove /{self.path} ({self.why})"
+        if self.kind == WRITE_SYSFS:
+            return f"write '{(self.content or '').strip()}' to /{self.path} ({self.why})"
+        return f"run {' '.join(self.argv or [])} ({self.why})"
+
+
+@dataclass
+class Refusal:
+    message: str
+    fix: str | None = None
+    device: str | None = None
+
+    def describe(self) -> str:
+        return self.message + (f"; fix: {self.fix}" if self.fix else "")
+
+
+@dataclass
+class Plan:
+    actions: list[Action] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.refusals)
+
+    def refusal_text(self) -> str:
+        return "refused, nothing changed: " + "; ".join(r.describe() for r in self.refusals)
+
+    def diff(self) -> list[dict[str, str]]:
+        """Ansible's diff format, one entry per file action."""
+        out = []
+        for a in self.actions:
+            if a.kind in (WRITE_FILE, REMOVE_FILE):
+                out.append(
+                    {
+                        "before_header": f"/{a.path}",
+                        "after_header": f"/{a.path}",
+                        "before": a.before or "",
+                        "after": a.content if a.kind == WRITE_FILE else "",
+                    }
+                )
+        return out
+
+    def describe(self) -> list[str]:
+        return [a.describe() for a in self.actions]
+
+
+def file_action(path: str, content: str | None, before: str | None, why: str, mode: int = 0o644) -> Action | None:
+    """The action that makes ``path`` hold ``content`` (None: absent); None when it already does."""
+    if content is None:
+        return None if before is None else Action(REMOVE_FILE, why, path=path, before=before)
+    if before == content:
+        return None
+    return Action(WRITE_FILE, why, path=path, content=content, before=before, mode=mode)
+
+
+def read_text(sysfs: Sysfs, rel: str) -> str | None:
+    """A managed file's exact text (not stripped), None when absent."""
+    raw = sysfs.read_bytes(rel)
+    return None if raw is None else raw.decode("utf-8", "replace")
+
+
+@dataclass
+class Applied:
+    done: list[str] = field(default_factory=list)
+    not_run: list[str] = field(default_factory=list)  # live-only actions on a non-live root
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.done)
+
+
+class ApplyError(RuntimeError):
+    """A step failed; ``applied`` says what had been done before it."""
+
+    def __init__(self, message: str, applied: Applied) -> None:
+        super().__init__(message)
+        self.applied = applied
+
+
+def _write_file(full: str, content: str, mode: int) -> None:
+    # Write beside, then rename: a reader never sees half a file.
+    directory = os.path.dirname(full)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpuprov-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(content)
+        os.chmod(tmp, mode)
+        os.replace(tmp, full)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def apply(plan: Plan, root: str = "/") -> Applied:
+    """Execute ``plan`` in order. Refuses a refused plan; stops at the first failure."""
+    if plan.refused:
+        raise ApplyError(plan.refusal_text(), Applied())
+    sysfs = Sysfs(root)
+    applied = Applied()
+    for action in plan.actions:
+        text = action.describe()
+        if action.live_only and not sysfs.live:
+            applied.not_run.append(text)
+            continue
+        try:
+            if action.kind == WRITE_FILE:
+                _write_file(sysfs.path(action.path or ""), action.content or "", action.mode)
+            elif action.kind == REMOVE_FILE:
+                os.unlink(sysfs.path(action.path or ""))
+            elif action.kind == WRITE_SYSFS:
+                with open(sysfs.path(action.path or ""), "w", encoding="ascii") as f:
+                    f.write(action.content or "")
+            elif action.kind == COMMAND:
+                result = subprocess.run(action.argv or [], capture_output=True, text=True, check=False)
+                if result.returncode != 0:
+                    raise OSError(f"exit {result.returncode}: {(result.stderr or result.stdout).strip()[-2000:]}")
+        except OSError as exc:
+            raise ApplyError(f"{text} failed: {exc}", applied) from exc
+        applied.done.append(text)
+    return applied

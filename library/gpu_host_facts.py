@@ -1,0 +1,118 @@
+#!/usr/bin/python
+# Copyright: gpuprov contributors
+# Apache License 2.0
+"""Ansible module gpu_host_facts: gpuprov inspect as Ansible facts."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_host_facts
+short_description: GPU, IOMMU and vfio facts of a host, with a passthrough verdict per GPU
+description:
+  - Reads the host's sysfs and procfs (read-only) and returns what C(gpuprov inspect --json) prints,
+    as the fact C(gpuprov): PCI devices, IOMMU state, groups and kernel arguments, mdev and SR-IOV vGPU
+    types, NUMA nodes, what the host itself needs (boot display, disks and NICs in use, open device
+    files), and for each GPU a readiness verdict with every reason.
+  - The target needs no gpuprov installed; the logic travels with the module.
+version_added: "0.1.0"
+author: gpuprov contributors
+options:
+  root:
+    description:
+      - Read the host below this directory instead of C(/), e.g. an unpacked C(gpuprov capture).
+    type: path
+    default: /
+  devices:
+    description:
+      - Full PCI addresses of devices to assess besides the display-class GPUs (stand-ins, accelerators).
+    type: list
+    elements: str
+    default: []
+notes:
+  - Runs in check mode; changes nothing.
+  - The fact follows the schema C(gpuprov.inspect/v1), documented in C(docs/inspect-json.md).
+seealso:
+  - name: gpuprov inspect
+    description: The same report on the command line.
+    link: https://github.com/gpuprov/gpuprov
+"""
+
+EXAMPLES = r"""
+- name: Read GPU facts
+  gpu_host_facts:
+
+- name: Stop when a GPU meant for guests is not ready
+  vars:
+    gpu: "{{ ansible_facts.gpuprov.gpus | selectattr('address', 'equalto', '0000:41:00.0') | first }}"
+  ansible.builtin.assert:
+    that: gpu.ready
+    fail_msg: "{{ gpu.findings | selectattr('severity', 'equalto', 'blocker') | map(attribute='message') }}"
+
+- name: Read a captured host
+  gpu_host_facts:
+    root: /srv/captures/gpu-node-07
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts to add to the host's facts.
+  returned: always
+  type: dict
+  contains:
+    gpuprov:
+      description: The inspect report (schema gpuprov.inspect/v1).
+      returned: always
+      type: dict
+      contains:
+        iommu:
+          description: IOMMU state (enabled, units, vendor, args, groups, modules, interrupt remapping).
+          type: dict
+          returned: always
+        pci_devices:
+          description: Every PCI device with ids, driver, NUMA node, link, reset methods, group, SR-IOV.
+          type: list
+          elements: dict
+          returned: always
+        gpus:
+          description: Per GPU (and per device in O(devices)) the verdict C(ready) and its C(findings).
+          type: list
+          elements: dict
+          returned: always
+        summary:
+          description: Counts of GPUs, ready and not ready.
+          type: dict
+          returned: always
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuprov.assess import assess
+from ansible.module_utils.gpuprov.host.facts import gather
+from ansible.module_utils.gpuprov.host.pci import PciAddressError, normalize_address
+from ansible.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible.module_utils.gpuprov.report import build_report
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "root": {"type": "path", "default": "/"},
+            "devices": {"type": "list", "elements": "str", "default": []},
+        },
+        supports_check_mode=True,
+    )
+    root = module.params["root"]
+    try:
+        extra = [normalize_address(d) for d in module.params["devices"]]
+    except PciAddressError as exc:
+        module.fail_json(msg=f"devices: {exc}")
+    facts = gather(Sysfs(root))
+    missing = [a for a in extra if a not in facts.pci]
+    if missing:
+        module.fail_json(msg=f"devices: no PCI device {', '.join(missing)} on this host; check with `lspci -D`")
+    report = build_report(facts, assess(facts, extra=extra))
+    module.exit_json(changed=False, ansible_facts={"gpuprov": report})
+
+
+if __name__ == "__main__":
+    main()

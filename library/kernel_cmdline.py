@@ -1,0 +1,180 @@
+#!/usr/bin/python
+# Copyright: gpuprov contributors
+# Apache License 2.0
+"""Ansible module kernel_cmdline: kernel arguments in the bootloader config, by name."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kernel_cmdline
+short_description: Add or remove kernel arguments by name in the bootloader configuration
+description:
+  - GRUB (Debian, Ubuntu, SUSE, RHEL without grubby) edits one variable of C(/etc/default/grub) argument
+    by argument, keeping every other argument, comment and line, then regenerates the menu with
+    C(update-grub) or C(grub2-mkconfig). grubby (RHEL family) is given C(--args)/C(--remove-args).
+  - Reports O(reboot_required) by comparing the wanted arguments with C(/proc/cmdline).
+version_added: "0.1.0"
+author: gpuprov contributors
+options:
+  arguments:
+    description:
+      - Arguments to be present, C(name) or C(name=value); an existing C(name=other) is replaced.
+      - (Not C(args), which is a task keyword in Ansible.)
+    type: list
+    elements: str
+    default: []
+  remove:
+    description: Argument names to be absent.
+    type: list
+    elements: str
+    default: []
+  bootloader:
+    description: C(auto) takes grubby where it is installed, else GRUB's defaults file.
+    type: str
+    choices: [auto, grub, grubby]
+    default: auto
+  variable:
+    description: The GRUB variable to edit. C(GRUB_CMDLINE_LINUX) also covers recovery entries.
+    type: str
+    default: GRUB_CMDLINE_LINUX_DEFAULT
+  update:
+    description: Regenerate the GRUB menu after a change.
+    type: bool
+    default: true
+  root:
+    description: The host's root; commands run only when it is C(/).
+    type: path
+    default: /
+notes:
+  - Check mode and C(--diff) show the change and make none.
+seealso:
+  - module: vfio_bind
+"""
+
+EXAMPLES = r"""
+- name: Turn the IOMMU on (Intel) in passthrough mode
+  kernel_cmdline:
+    arguments: [intel_iommu=on, iommu=pt]
+  register: cmdline
+
+- name: Say when a reboot is owed
+  ansible.builtin.debug:
+    msg: "reboot required: {{ cmdline.reboot_required }}"
+
+- name: Drop an argument
+  kernel_cmdline:
+    remove: [pcie_acs_override]
+"""
+
+RETURN = r"""
+reboot_required:
+  description: The running kernel was not booted with the wanted arguments.
+  returned: success
+  type: bool
+args_before:
+  description: The arguments before (the GRUB variable, or grubby's default entry).
+  returned: success
+  type: str
+  sample: quiet splash
+args_after:
+  description: The arguments after.
+  returned: success
+  type: str
+  sample: quiet splash intel_iommu=on iommu=pt
+bootloader:
+  description: grub or grubby.
+  returned: success
+  type: str
+plan:
+  description: Every action, as text.
+  returned: always
+  type: list
+  elements: str
+not_run:
+  description: Commands not run because O(root) is not C(/).
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuprov.cmdline import (
+    GRUB_DEFAULT,
+    CmdlineRequest,
+    parse_args,
+    plan_grub,
+    plan_grubby,
+)
+from ansible.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible.module_utils.gpuprov.modsupport import finish
+from ansible.module_utils.gpuprov.plan import COMMAND, read_text
+
+
+def grub_update_argv(sysfs: Sysfs) -> list[str] | None:
+    if sysfs.exists("usr/sbin/update-grub"):
+        return ["update-grub"]
+    for tool in ("grub2-mkconfig", "grub-mkconfig"):
+        if sysfs.exists(f"usr/sbin/{tool}"):
+            cfg = "/boot/grub2/grub.cfg" if sysfs.exists("boot/grub2") else "/boot/grub/grub.cfg"
+            return [tool, "-o", cfg]
+    return None
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "arguments": {"type": "list", "elements": "str", "default": []},
+            "remove": {"type": "list", "elements": "str", "default": []},
+            "bootloader": {"type": "str", "choices": ["auto", "grub", "grubby"], "default": "auto"},
+            "variable": {"type": "str", "default": "GRUB_CMDLINE_LINUX_DEFAULT"},
+            "update": {"type": "bool", "default": True},
+            "root": {"type": "path", "default": "/"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        add, remove = parse_args(p["arguments"]), list(parse_args(p["remove"]))
+        request = CmdlineRequest(add=add, remove=remove, variable=p["variable"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    sysfs = Sysfs(p["root"])
+    proc_cmdline = sysfs.read("proc/cmdline") or ""
+    bootloader = p["bootloader"]
+    if bootloader == "auto":
+        has_grubby = sysfs.exists("usr/sbin/grubby") or sysfs.exists("sbin/grubby")
+        bootloader = "grubby" if has_grubby and sysfs.live else "grub"
+
+    if bootloader == "grubby":
+        if not sysfs.live:
+            module.fail_json(msg="bootloader grubby works on the live root only: set root to / or use bootloader grub")
+        rc, out, err = module.run_command(["grubby", "--info=DEFAULT"])
+        if rc != 0:
+            module.fail_json(msg=f"grubby --info=DEFAULT failed: {err.strip()}")
+        lines = [line for line in out.splitlines() if line.startswith("args=")]
+        args = lines[0].split("=", 1)[1].strip().strip('"') if lines else ""
+        plan = plan_grubby(args, proc_cmdline, request)
+    else:
+        update = grub_update_argv(sysfs)
+        if update is None and sysfs.live and p["update"]:
+            module.fail_json(
+                msg="no update-grub or grub2-mkconfig on this host: install GRUB's tools, or set update: false "
+                "and regenerate the menu yourself"
+            )
+        plan = plan_grub(read_text(sysfs, GRUB_DEFAULT), proc_cmdline, request, update or ["update-grub"])
+        if not p["update"]:
+            plan.actions = [a for a in plan.actions if a.kind != COMMAND]
+    finish(
+        module,
+        plan,
+        p["root"],
+        reboot_required=plan.reboot_required,
+        args_before=plan.args_before,
+        args_after=plan.args_after,
+        bootloader=bootloader,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+#!/usr/bin/python
+# Copyright: gpuprov contributors
+# Apache License 2.0
+"""Ansible module vfio_bind: give PCI devices to vfio-pci, safely, now and from boot."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vfio_bind
+short_description: Bind PCI devices (and the functions their group requires) to vfio-pci
+description:
+  - Binds the devices named by full PCI address to vfio-pci at runtime (driver_override, unbind,
+    drivers_probe) and, with O(persistent), from boot (a udev rule setting driver_override, softdeps so
+    vfio-pci loads before GPU drivers, both in the initramfs, which is rebuilt).
+  - Companion functions of the same slot (HD audio, USB, UCSI) are bound too; PCIe bridges and ports
+    in the group stay with their driver.
+  - Refuses, changing nothing, when the device or a member of its IOMMU group is the boot display, drives
+    the console, is a chipset device, a storage controller with mounted/swap/held disks, a NIC with an
+    address or route, is held open by a process or VM, shares the group with a device that is not being
+    bound, when the IOMMU is off, or when an address is malformed or absent.
+  - Runtime sysfs writes and commands run only when O(root) is C(/); against another root the files are
+    written below it and the rest is reported in RV(not_run).
+version_added: "0.1.0"
+author: gpuprov contributors
+options:
+  devices:
+    description: Full PCI addresses (C(0000:41:00.0)); never vendor:device ids, two identical GPUs are common.
+    type: list
+    elements: str
+    required: true
+  state:
+    description:
+      - C(bound) gives the devices to vfio-pci; C(unbound) gives them back to their host drivers and drops
+        them from the boot-time binding.
+    type: str
+    choices: [bound, unbound]
+    default: bound
+  persistent:
+    description: Also bind from boot (udev rule, softdeps, initramfs).
+    type: bool
+    default: true
+  allow_unsafe:
+    description:
+      - Expert override. Devices listed here are bound even where the safety rules refuse; every
+        overridden refusal is reported as a warning. Losing the host's disk, network or console is on you.
+    type: list
+    elements: str
+    default: []
+  root:
+    description: The host's root; C(/) on a real host, a staged or captured root for dry runs and tests.
+    type: path
+    default: /
+notes:
+  - Check mode and C(--diff) show the plan (every sysfs write, file and command) and change nothing.
+  - Idempotent; a second run plans nothing.
+seealso:
+  - module: gpu_host_facts
+"""
+
+EXAMPLES = r"""
+- name: Give the second GPU and its audio function to vfio-pci, now and from boot
+  vfio_bind:
+    devices: ["0000:41:00.0"]
+
+- name: Give it back to the host
+  vfio_bind:
+    devices: ["0000:41:00.0"]
+    state: unbound
+
+- name: Dry run against a captured host
+  vfio_bind:
+    devices: ["0000:01:00.0"]
+    root: /srv/captures/node07
+  check_mode: true
+"""
+
+RETURN = r"""
+plan:
+  description: Every action, as text, in order (also in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - write 'vfio-pci' to /sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/driver_override (only vfio-pci may bind it)
+devices:
+  description: The devices bound or released, companions included.
+  returned: success
+  type: list
+  elements: str
+  sample: ["0000:01:00.0", "0000:01:00.1"]
+previous_drivers:
+  description: The driver each device had before (null for none).
+  returned: success
+  type: dict
+  sample: {"0000:01:00.0": "nvidia", "0000:01:00.1": "snd_hda_intel"}
+not_run:
+  description: Runtime actions (sysfs writes, commands) not run because O(root) is not C(/).
+  returned: always
+  type: list
+  elements: str
+refusals:
+  description: Why the module refused, one entry per problem, with the fix.
+  returned: failed
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuprov.host.facts import gather
+from ansible.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible.module_utils.gpuprov.modsupport import finish
+from ansible.module_utils.gpuprov.plan import read_text
+from ansible.module_utils.gpuprov.vfio import MANAGED_FILES, VfioRequest, initramfs_tools, plan_vfio
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "devices": {"type": "list", "elements": "str", "required": True},
+            "state": {"type": "str", "choices": ["bound", "unbound"], "default": "bound"},
+            "persistent": {"type": "bool", "default": True},
+            "allow_unsafe": {"type": "list", "elements": "str", "default": []},
+            "root": {"type": "path", "default": "/"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    sysfs = Sysfs(p["root"])
+    facts = gather(sysfs)
+    request = VfioRequest(
+        devices=p["devices"], state=p["state"], persistent=p["persistent"], allow_unsafe=p["allow_unsafe"]
+    )
+    files = {path: read_text(sysfs, path) for path in MANAGED_FILES}
+    plan = plan_vfio(facts, request, files, initramfs_tools(sysfs))
+    finish(module, plan, p["root"], devices=plan.bind_set, previous_drivers=plan.previous_drivers)
+
+
+if __name__ == "__main__":
+    main()
