@@ -11,9 +11,10 @@ module: gpu_host_facts
 short_description: GPU, IOMMU and vfio facts of a host, with a passthrough verdict per GPU
 description:
   - Reads the host's sysfs and procfs (read-only) and returns what C(gpuprov inspect --json) prints,
-    as the fact C(gpuprov): PCI devices, IOMMU state, groups and kernel arguments, mdev and SR-IOV vGPU
-    types, NUMA nodes, what the host itself needs (boot display, disks and NICs in use, open device
-    files), and for each GPU a readiness verdict with every reason.
+    as the fact C(gpuprov).
+  - The fact holds PCI devices, IOMMU state, groups and kernel arguments, mdev and SR-IOV vGPU types,
+    NUMA nodes, what the host itself needs (boot display, disks and NICs in use, open device files),
+    and for each GPU a readiness verdict with every reason.
   - The target needs no gpuprov installed; the logic travels with the module.
 version_added: "0.1.0"
 author: gpuprov contributors

@@ -1,0 +1,51 @@
+"""Every module's DOCUMENTATION, EXAMPLES and RETURN parse, and the documented
+options are exactly the argument spec's."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+LIBRARY = Path(__file__).resolve().parents[1] / "library"
+MODULES = sorted(p.stem for p in LIBRARY.glob("*.py"))
+
+
+def module_parts(name: str) -> tuple[dict[str, str], set[str]]:
+    tree = ast.parse((LIBRARY / f"{name}.py").read_text())
+    docs: dict[str, str] = {}
+    spec: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id in ("DOCUMENTATION", "EXAMPLES", "RETURN"):
+                    docs[target.id] = node.value.value
+        if isinstance(node, ast.keyword) and node.arg == "argument_spec" and isinstance(node.value, ast.Dict):
+            spec = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    return docs, spec
+
+
+def test_there_are_modules() -> None:
+    assert MODULES == ["gpu_host_facts", "kernel_cmdline", "vfio_bind"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_documentation_is_complete(name: str) -> None:
+    docs, spec = module_parts(name)
+    assert set(docs) == {"DOCUMENTATION", "EXAMPLES", "RETURN"}
+    doc = yaml.safe_load(docs["DOCUMENTATION"])
+    assert doc["module"] == name and doc["short_description"] and doc["description"] and doc["author"]
+    assert set(doc["options"]) == spec
+    for option, body in doc["options"].items():
+        assert body.get("description") and body.get("type"), f"{name}: option {option} lacks description or type"
+    examples = yaml.safe_load(docs["EXAMPLES"])
+    assert examples and all(
+        any(k in task for k in (name, f"gpuprov.{name}"))
+        or "ansible.builtin.assert" in task
+        or "ansible.builtin.debug" in task
+        for task in examples
+    )
+    returns = yaml.safe_load(docs["RETURN"])
+    assert returns and all(v.get("description") and v.get("returned") and v.get("type") for v in returns.values())
