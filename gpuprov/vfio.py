@@ -141,6 +141,8 @@ def _safety(facts: HostFacts, request: VfioRequest, wanted: list[str], bind_set:
         for finding in assess_gpu(facts, addr, held).findings:
             if finding.severity != BLOCKER:
                 continue
+            if request.state == "unbound" and finding.code != "in-use":
+                continue  # giving a device back is only unsafe while a VM holds it
             if finding.code == "group-shared" and finding.device in bind_set:
                 continue  # the other member is being bound too
             if finding.code == "in-use" and request.state == "bound":

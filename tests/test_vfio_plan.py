@@ -153,3 +153,10 @@ def test_dracut_host_gets_dracut_config_and_rebuild(staged) -> None:
     text = "\n".join(plan.describe())
     assert "create /etc/dracut.conf.d/gpuprov-vfio.conf" in text and "run dracut -f --regenerate-all" in text
     assert INITRAMFS_HOOK not in text
+
+
+def test_unbind_is_not_blocked_by_the_rules_for_binding(staged) -> None:
+    # The IOMMU is off in this guest: binding is refused, giving back is not.
+    root = staged("h100-passthrough-guest")
+    assert plan_for(root, ["0000:00:06.0"]).refused
+    assert not plan_for(root, ["0000:00:06.0"], state="unbound").refused
