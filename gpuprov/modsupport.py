@@ -31,7 +31,7 @@ def finish(module: Any, plan: Plan, root: str, **extra: Any) -> None:
             **{k: v for k, v in result.items() if k != "changed"},
         )
     if module._diff:
-        result["diff"] = plan.diff()
+        result["diff"] = plan.diff(root)
     if module.check_mode:
         live = Sysfs(root).live
         result["changed"] = any(live or not a.live_only for a in plan.actions)

@@ -71,15 +71,16 @@ class Plan:
     def refusal_text(self) -> str:
         return "refused, nothing changed: " + "; ".join(r.describe() for r in self.refusals)
 
-    def diff(self) -> list[dict[str, str]]:
-        """Ansible's diff format, one entry per file action."""
+    def diff(self, root: str = "/") -> list[dict[str, str]]:
+        """Ansible's diff format, one entry per file action; paths as below ``root``."""
         out = []
+        prefix = root.rstrip("/")
         for a in self.actions:
             if a.kind in (WRITE_FILE, REMOVE_FILE):
                 out.append(
                     {
-                        "before_header": f"/{a.path}",
-                        "after_header": f"/{a.path}",
+                        "before_header": f"{prefix}/{a.path}",
+                        "after_header": f"{prefix}/{a.path}",
                         "before": a.before or "",
                         "after": a.content if a.kind == WRITE_FILE else "",
                     }

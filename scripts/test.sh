@@ -1,17 +1,94 @@
 #!/usr/bin/env bash
-# Every test: installs what the tests need, then lint and the whole pytest suite.
+# Every test: installs what the tests need, then lint and the whole test suite:
+#   ruff (check + format), pytest, yamllint, ansible-lint (production profile),
+#   and the molecule scenarios under molecule/ (docker driver; the engine is
+#   started and the image built locally by scripts/dockerd.sh and
+#   scripts/molecule-image.sh, cached under ${GPUPROV_CACHE:-$HOME/.cache/gpuprov}).
+# Every step runs even when an earlier one failed; a summary closes the run and
+# the exit status is non-zero when any step failed.
+#
+# Arguments go to pytest. GPUPROV_SKIP_MOLECULE=1 skips the molecule scenarios
+# (a developer's fast run; said loudly, and refused in CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh test
-.venv/bin/ruff check gpuprov tests bench tools
-.venv/bin/ruff format --check gpuprov tests bench tools
+scripts/bootstrap.sh test,molecule
+export PATH="$PWD/.venv/bin:$PATH"
+# Logs without colour codes when they go to a file or CI.
+if [[ ! -t 1 ]]; then
+  export NO_COLOR=1 ANSIBLE_NOCOLOR=1 PY_COLORS=0
+fi
+
+results=()
+molecule_rows=()
+failed=0
+# step NAME CMD...: run, time, record; never stops the run.
+step() {
+  local name=$1 start=$SECONDS rc=0
+  shift
+  echo "=== test.sh: $name: $*"
+  "$@" || rc=$?
+  results+=("$(printf '%-28s %-6s %4ss' "$name" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" $((SECONDS - start)))")
+  [[ $rc -eq 0 ]] || failed=1
+  return 0
+}
+
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
-set +e
-.venv/bin/python -m pytest "$@"
-rc=$?
-set -e
-if [[ $rc -eq 5 ]]; then
-  echo "test.sh: pytest collected no tests" >&2
+run_pytest() {
+  local rc=0
+  python -m pytest "$@" || rc=$?
+  if [[ $rc -eq 5 ]]; then
+    echo "test.sh: pytest collected no tests" >&2
+    return 1
+  fi
+  return $rc
+}
+
+run_molecule() {
+  scripts/dockerd.sh || return 1
+  scripts/molecule-image.sh >/dev/null || return 1
+  local scenario rc=0 start
+  for scenario in molecule/*/molecule.yml; do
+    scenario=$(basename "$(dirname "$scenario")")
+    start=$SECONDS
+    if molecule test --no-command-borders -s "$scenario"; then
+      molecule_rows+=("$(printf '  molecule %-19s %-6s %4ss' "$scenario" ok $((SECONDS - start)))")
+    else
+      molecule_rows+=("$(printf '  molecule %-19s %-6s %4ss' "$scenario" FAIL $((SECONDS - start)))")
+      rc=1
+    fi
+  done
+  return $rc
+}
+
+total=$SECONDS
+step "ruff check" ruff check .
+step "ruff format" ruff format --check .
+step "pytest" run_pytest "$@"
+step "yamllint" yamllint --strict .
+step "ansible-lint" ansible-lint
+if [[ ${GPUPROV_SKIP_MOLECULE:-} == 1 ]]; then
+  if [[ ${CI:-} == true ]]; then
+    echo "test.sh: GPUPROV_SKIP_MOLECULE=1 is not allowed in CI: the molecule scenarios must run" >&2
+    results+=("$(printf '%-28s %-6s' molecule FAIL) (GPUPROV_SKIP_MOLECULE=1 in CI)")
+    failed=1
+  else
+    cat >&2 <<'EOF'
+######################################################################
+##  test.sh: MOLECULE SKIPPED (GPUPROV_SKIP_MOLECULE=1).            ##
+##  The roles were NOT tested; CI runs them. Unset it to run them.  ##
+######################################################################
+EOF
+    results+=("$(printf '%-28s %-6s' molecule SKIPPED) (GPUPROV_SKIP_MOLECULE=1)")
+  fi
+else
+  step "molecule" run_molecule
+fi
+
+echo
+echo "=== test.sh summary ($((SECONDS - total))s)"
+printf '%s\n' "${results[@]}" ${molecule_rows[@]+"${molecule_rows[@]}"}
+if ((failed)); then
+  echo "test.sh: FAILED" >&2
   exit 1
 fi
-exit $rc
+echo "test.sh: all passed"

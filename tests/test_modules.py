@@ -107,7 +107,7 @@ def test_vfio_bind_check_mode_diff_then_apply_then_idempotent(bare_python, stage
 
     dry = run_module(bare_python, "vfio_bind", args, check=True)
     assert dry["changed"] is True and tree_digest(root) == before
-    assert "+++ after: /etc/udev/rules.d/61-gpuprov-vfio.rules" in dry["stdout"]
+    assert f"+++ after: {root}/etc/udev/rules.d/61-gpuprov-vfio.rules" in dry["stdout"]
     assert dry["devices"] == ["0000:01:00.0", "0000:01:00.1"]
 
     first = run_module(bare_python, "vfio_bind", args)
