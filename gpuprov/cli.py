@@ -155,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default="/", help="capture this root instead of /")
     p.add_argument("--no-commands", action="store_true", help="do not add lspci/nvidia-smi outputs")
     p.set_defaults(func=cmd_capture)
+
+    from .verify import add_parser as add_verify_parser
+
+    add_verify_parser(sub)
     return parser
 
 

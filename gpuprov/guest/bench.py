@@ -1,0 +1,288 @@
+"""``gpuprov verify --bench``: pinned host<->device bandwidth and a matmul,
+measured with torch (or cupy) and set against the PCIe link's and the GPU's
+peak, so a guest can tell whether it gets the GPU at bare-metal speed.
+
+Peaks:
+
+- PCIe: per-lane rate x width x encoding (8b/10b for gen1-2, 128b/130b for
+  gen3-5, FLIT 242/256 for gen6), in GB/s (10^9 bytes): gen5 x16 = 63.0 GB/s.
+  Pinned copies reach about 80-90% of it on a good link.
+- GPU: dense bf16 tensor-core TFLOP/s from NVIDIA's datasheets (no sparsity).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .gpus import GpuInfo
+
+PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+
+# (pattern on the product name, label, dense bf16 TFLOP/s). First match wins: the
+# specific names come before the family.
+GPU_PEAKS: list[tuple[re.Pattern[str], str, float]] = [
+    (re.compile(r"\bGH200\b"), "GH200", 989.0),
+    (re.compile(r"\bH200 NVL\b"), "H200 NVL", 835.0),
+    (re.compile(r"\bH200\b"), "H200 SXM", 989.0),
+    (re.compile(r"\bH100 NVL\b"), "H100 NVL", 835.0),
+    (re.compile(r"\bH100 PCIe\b"), "H100 PCIe", 756.0),
+    (re.compile(r"\bH100\b"), "H100 SXM", 989.0),
+    (re.compile(r"\bA100\b"), "A100", 312.0),
+    (re.compile(r"\bL40S\b"), "L40S", 362.0),
+    (re.compile(r"\bL40\b"), "L40", 181.0),
+    (re.compile(r"\bL4\b"), "L4", 121.0),
+    (re.compile(r"\bA30\b"), "A30", 165.0),
+    (re.compile(r"\bA10\b"), "A10", 125.0),
+]
+
+# A measured copy at or above this fraction of the link's peak is "ok". Good links give
+# 0.8-0.9, but one run in a guest can dip to 0.7 (H100 guest: 44.7 then 55.0 GB/s); a link
+# at half width or one generation down gives 0.5 or less.
+COPY_OK_FRACTION = 0.6
+# A matmul at or above this fraction of the GPU's dense peak is "ok" (H100s run 0.75-0.85).
+MATMUL_OK_FRACTION = 0.6
+
+
+def pcie_gen(speed_gts: float | None) -> int | None:
+    """The generation of a link speed in GT/s (``32.0`` -> 5)."""
+    if speed_gts is None:
+        return None
+    for gen, rate in PCIE_GTS.items():
+        if abs(rate - speed_gts) < 0.01:
+            return gen
+    return None
+
+
+def pcie_peak_gbps(gen: int | None, width: int | None) -> float | None:
+    """Data rate of a PCIe link in GB/s, per direction (gen5 x16: 63.0)."""
+    if gen not in PCIE_GTS or not width:
+        return None
+    encoding = 0.8 if gen <= 2 else 128 / 130 if gen <= 5 else 242 / 256
+    return PCIE_GTS[gen] * width * encoding / 8
+
+
+def gpu_peak(name: str | None) -> tuple[str, float] | None:
+    """(label, dense bf16 TFLOP/s) for a product name; ``None`` when none is on file."""
+    if not name:
+        return None
+    for pattern, label, tflops in GPU_PEAKS:
+        if pattern.search(name):
+            return label, tflops
+    return None
+
+
+@dataclass
+class BenchResult:
+    device: int  # the CUDA device index
+    name: str | None
+    gpu_index: int | None  # the GPU (NVML / nvidia-smi index) it is, when matched
+    backend: str
+    buffer_bytes: int = 0
+    iterations: int = 0
+    h2d_gbps: float | None = None
+    d2h_gbps: float | None = None
+    matmul_n: int = 0
+    matmul_dtype: str | None = None
+    matmul_tflops: float | None = None
+    link_under_load: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+LinkSampler = Callable[[int], dict[str, Any]]
+
+
+def _match(gpus: list[GpuInfo], uuid: str | None, address: str | None, index: int) -> GpuInfo | None:
+    if uuid:  # torch gives the UUID without NVML's "GPU-"
+        bare = uuid.lower().removeprefix("gpu-")
+        for g in gpus:
+            if g.uuid and g.uuid.lower().removeprefix("gpu-") == bare:
+                return g
+    if address:
+        for g in gpus:
+            if g.address == address:
+                return g
+    # CUDA_DEVICE_ORDER=PCI_BUS_ID (set before CUDA starts) numbers devices as NVML does.
+    return gpus[index] if index < len(gpus) and os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" else None
+
+
+def load_backend() -> tuple[str, Any] | None:
+    """torch, else cupy, as (name, module); ``None`` when neither imports."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "torch", torch
+    except ImportError:
+        pass
+    try:
+        import cupy
+
+        return "cupy", cupy
+    except ImportError:
+        return None
+
+
+def _buffer_size(gpu: GpuInfo | None, size: int) -> int:
+    total = gpu.memory_total_mib if gpu else None
+    if total:
+        size = min(size, (total << 20) // 4)
+    return max(size, 1 << 20)
+
+
+def run_bench(
+    backend: tuple[str, Any],
+    gpus: list[GpuInfo],
+    *,
+    sample_link: LinkSampler | None = None,
+    size: int = 1 << 30,
+    iterations: int = 10,
+    matmul_n: int = 8192,
+) -> list[BenchResult]:
+    """Measure every CUDA device the backend sees. A device that fails gets its ``error``."""
+    name, mod = backend
+    results = []
+    count = mod.cuda.device_count() if name == "torch" else mod.cuda.runtime.getDeviceCount()
+    for dev in range(count):
+        uuid, address, dev_name = _device_ids(name, mod, dev)
+        gpu = _match(gpus, uuid, address, dev)
+        result = BenchResult(dev, dev_name, None if gpu is None else gpu.index, name)
+        sampler = None if sample_link is None or gpu is None else (lambda g=gpu.index: sample_link(g))
+        try:
+            buf = _buffer_size(gpu, size)
+            if name == "torch":
+                _torch_bench(mod, dev, result, buf, iterations, matmul_n, sampler)
+            else:
+                _cupy_bench(mod, dev, result, buf, iterations, matmul_n, sampler)
+        except Exception as exc:  # noqa: BLE001 - a CUDA error of any kind is this device's result
+            result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        results.append(result)
+    return results
+
+
+def _device_ids(name: str, mod: Any, dev: int) -> tuple[str | None, str | None, str | None]:
+    if name == "torch":
+        props = mod.cuda.get_device_properties(dev)
+        uuid = str(getattr(props, "uuid", "") or "") or None
+        address = None
+        if hasattr(props, "pci_bus_id") and hasattr(props, "pci_device_id"):
+            address = f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        return uuid, address, props.name
+    runtime = mod.cuda.runtime
+    props = runtime.getDeviceProperties(dev)
+    raw = props.get("name", b"")
+    dev_name = raw.decode() if isinstance(raw, bytes) else str(raw)
+    address = None
+    try:
+        from .gpus import normalize_bus_id
+
+        address = normalize_bus_id(runtime.deviceGetPCIBusId(dev))
+    except Exception:  # noqa: BLE001 - older cupy: no bus id, fall back to the order
+        address = None
+    return None, address, dev_name
+
+
+def _sample_while_busy(sampler: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    if sampler is None:
+        return {}
+    time.sleep(0.05)  # let the link retrain up from its idle speed
+    return sampler()
+
+
+def _torch_bench(
+    torch: Any,
+    dev: int,
+    result: BenchResult,
+    size: int,
+    iterations: int,
+    n: int,
+    sampler: Callable[[], dict[str, Any]] | None,
+) -> None:
+    device = torch.device("cuda", dev)
+    with torch.cuda.device(device):
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        gpu = torch.empty(size, dtype=torch.uint8, device=device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def timed(copy: Callable[[], Any], sample: bool) -> tuple[float, dict[str, Any]]:
+            copy()
+            torch.cuda.synchronize(device)
+            start.record()
+            for _ in range(iterations):
+                copy()
+            end.record()
+            seen = _sample_while_busy(sampler) if sample else {}
+            end.synchronize()
+            return size * iterations / (start.elapsed_time(end) / 1e3) / 1e9, seen
+
+        result.buffer_bytes, result.iterations = size, iterations
+        result.h2d_gbps, result.link_under_load = timed(lambda: gpu.copy_(host, non_blocking=True), True)
+        result.d2h_gbps, _ = timed(lambda: host.copy_(gpu, non_blocking=True), False)
+        host = gpu = None  # give the 2 x 1 GiB back before the matmul
+        a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+        b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+        for _ in range(3):
+            torch.matmul(a, b)
+        torch.cuda.synchronize(device)
+        reps = 10
+        start.record()
+        for _ in range(reps):
+            torch.matmul(a, b)
+        end.record()
+        end.synchronize()
+        result.matmul_n, result.matmul_dtype = n, "bfloat16"
+        result.matmul_tflops = 2 * n**3 * reps / (start.elapsed_time(end) / 1e3) / 1e12
+        del a, b
+        torch.cuda.empty_cache()
+
+
+def _cupy_bench(
+    cp: Any,
+    dev: int,
+    result: BenchResult,
+    size: int,
+    iterations: int,
+    n: int,
+    sampler: Callable[[], dict[str, Any]] | None,
+) -> None:
+    rt = cp.cuda.runtime
+    with cp.cuda.Device(dev):
+        host = cp.cuda.alloc_pinned_memory(size)
+        gpu = cp.cuda.alloc(size)
+        stream = cp.cuda.Stream(non_blocking=True)
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+
+        def timed(dst: int, src: int, kind: int, sample: bool) -> tuple[float, dict[str, Any]]:
+            rt.memcpyAsync(dst, src, size, kind, stream.ptr)
+            stream.synchronize()
+            start.record(stream)
+            for _ in range(iterations):
+                rt.memcpyAsync(dst, src, size, kind, stream.ptr)
+            end.record(stream)
+            seen = _sample_while_busy(sampler) if sample else {}
+            end.synchronize()
+            return size * iterations / (cp.cuda.get_elapsed_time(start, end) / 1e3) / 1e9, seen
+
+        result.buffer_bytes, result.iterations = size, iterations
+        result.h2d_gbps, result.link_under_load = timed(gpu.ptr, host.ptr, rt.memcpyHostToDevice, True)
+        result.d2h_gbps, _ = timed(host.ptr, gpu.ptr, rt.memcpyDeviceToHost, False)
+        host = gpu = None
+        # cupy has no bfloat16: float16 runs on the same tensor cores at the same dense peak.
+        a = cp.random.random((n, n), dtype=cp.float32).astype(cp.float16)
+        b = cp.random.random((n, n), dtype=cp.float32).astype(cp.float16)
+        for _ in range(3):
+            cp.matmul(a, b)
+        cp.cuda.Device(dev).synchronize()
+        reps = 10
+        start.record()
+        for _ in range(reps):
+            cp.matmul(a, b)
+        end.record()
+        end.synchronize()
+        result.matmul_n, result.matmul_dtype = n, "float16"
+        result.matmul_tflops = 2 * n**3 * reps / (cp.cuda.get_elapsed_time(start, end) / 1e3) / 1e12
