@@ -156,9 +156,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-commands", action="store_true", help="do not add lspci/nvidia-smi outputs")
     p.set_defaults(func=cmd_capture)
 
+    from .lab import add_parser as add_lab_parser
+
+    add_lab_parser(sub)
+
     from .verify import add_parser as add_verify_parser
 
     add_verify_parser(sub)
+
+    from .plancmd import add_parser as add_plan_parser
+
+    add_plan_parser(sub)
     return parser
 
 

@@ -6,6 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(python3 python3-venv python3-pip pciutils pci.ids)
+# The test extra: libvirt-python builds against libvirt-dev (no wheel on PyPI);
+# virt-xml-validate (libvirt-clients + xmllint) checks the domain XML; the module
+# tests make overlays and seed ISOs; the real libvirt test runs libvirtd, QEMU
+# (TCG), OVMF and dnsmasq on an isolated network and builds its guest image
+# with debootstrap (scripts/guest-image.sh).
+if [[ ,${1:-}, == *,test,* || ,${1:-}, == *,dev,* ]]; then
+  APT_PACKAGES+=(gcc pkg-config python3-dev libvirt-dev libvirt-clients libxml2-utils qemu-utils genisoimage
+    libvirt-daemon-system qemu-system-x86 ovmf dnsmasq-base iptables debootstrap openssh-client)
+fi
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

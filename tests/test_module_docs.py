@@ -28,7 +28,7 @@ def module_parts(name: str) -> tuple[dict[str, str], set[str]]:
 
 
 def test_there_are_modules() -> None:
-    assert MODULES == ["gpu_host_facts", "kernel_cmdline", "vfio_bind"]
+    assert MODULES == ["gpu_host_facts", "gpu_vm", "kernel_cmdline", "vfio_bind"]
 
 
 @pytest.mark.parametrize("name", MODULES)

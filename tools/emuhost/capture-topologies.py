@@ -35,6 +35,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO))
+from gpuprov import debpkg  # noqa: E402  (the package-download/mtty helpers gpuprov lab uses too)
+
 FIXTURES = REPO / "tests" / "fixtures" / "hosts"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuprov" / "emuhost"
 
@@ -255,34 +258,25 @@ echo 83b8f4f2-509f-382f-3c1e-e6bfe0fa1001 > /sys/class/mdev_bus/mtty/mdev_suppor
 
 
 def sh(cmd, **kw):
-    r = subprocess.run(cmd, text=True, capture_output=True, **kw)
-    if r.returncode:
-        sys.exit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
-    return r.stdout
+    try:
+        return debpkg.sh(cmd, **kw)
+    except debpkg.CommandError as exc:
+        sys.exit(str(exc))
 
 
 def resolve_packages():
     """name -> candidate version, with linux-image-amd64 replaced by the image it pulls."""
-    out = {}
-    for name in PACKAGES:
-        info = sh(["apt-cache", "show", "--no-all-versions", name])
-        if name == "linux-image-amd64":
-            name = re.search(r"^Depends:.*?(linux-image-[\w.-]+)", info, re.M).group(1)
-            info = sh(["apt-cache", "show", "--no-all-versions", name])
-        out[name] = re.search(r"^Version: (\S+)", info, re.M).group(1)
-    return out
+    try:
+        return debpkg.resolve(PACKAGES)
+    except debpkg.CommandError as exc:
+        sys.exit(str(exc))
 
 
 def download(pkgs):
-    debs = CACHE / "debs"
-    debs.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, ver in pkgs.items():
-        pattern = f"{name}_{ver.replace(':', '%3a')}_*.deb"  # _amd64 or _all
-        if not list(debs.glob(pattern)):
-            sh(["apt-get", "download", f"{name}={ver}"], cwd=debs)
-        paths += debs.glob(pattern)
-    return paths
+    try:
+        return debpkg.download(pkgs, CACHE / "debs")
+    except debpkg.CommandError as exc:
+        sys.exit(str(exc))
 
 
 def cpio(entries, out):
@@ -427,36 +421,10 @@ def build_base(debs, kver, out):
 
 def build_mtty(kver, out):
     """mtty.ko (samples/vfio-mdev, not in Debian's kernel) built against Debian's headers."""
-    ko = out / "mtty.ko"
-    if ko.exists():
-        return ko
-    headers = f"linux-headers-{kver}"
-    info = sh(["apt-cache", "show", "--no-all-versions", headers])
-    ver = re.search(r"^Version: (\S+)", info, re.M).group(1)
-    common = re.search(r"^Depends:.*?(linux-headers-[\w.-]+-common)", info, re.M).group(1)
-    series = re.match(r"\d+\.\d+", ver).group(0)
-    debs = download({headers: ver, common: ver, f"linux-kbuild-{series}": ver, f"linux-source-{series}": ver})
-    with tempfile.TemporaryDirectory(prefix="emuhost-mtty-") as tmp:
-        x, m = Path(tmp, "x"), Path(tmp, "m")
-        for deb in debs[:3]:
-            sh(["dpkg-deb", "-x", str(deb), str(x)])
-        # The headers' Makefile includes the -common tree by absolute path: point it here.
-        hdir = x / "usr/src" / headers
-        (hdir / "Makefile").write_text(f"include {x}/usr/src/{common}/Makefile\n")
-        m.mkdir()
-        src = f"linux-source-{series}"
-        sh(
-            [
-                "sh",
-                "-c",
-                f"dpkg-deb --fsys-tarfile {debs[3]} | tar -xO ./usr/src/{src}.tar.xz"
-                f" | tar -xJO {src}/samples/vfio-mdev/mtty.c > {m}/mtty.c",
-            ]
-        )
-        (m / "Makefile").write_text("obj-m := mtty.o\n")
-        sh(["make", "-C", str(hdir), f"M={m}", "modules"])
-        shutil.copy(m / "mtty.ko", ko)
-    return ko
+    try:
+        return debpkg.build_mtty(kver, out / "mtty.ko", CACHE / "debs")
+    except debpkg.CommandError as exc:
+        sys.exit(str(exc))
 
 
 def prepare():

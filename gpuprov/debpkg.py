@@ -1,0 +1,114 @@
+"""Debian packages for the emulated hosts: versions, a download cache, mtty.
+
+Shared by ``tools/emuhost/capture-topologies.py`` (busybox + Python initramfs
+hosts) and ``gpuprov lab`` (a bootable disk image): both are made only of
+Debian packages, resolved with the build machine's own ``apt-cache`` (its
+sources and pinning) and fetched with ``apt-get download`` into a cache, so a
+second build downloads nothing. Never shipped to targets (uses subprocess).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class CommandError(RuntimeError):
+    """A build command failed; the message holds the command and its stderr."""
+
+
+def sh(cmd: list[str], **kw) -> str:
+    """Run ``cmd``; its stdout, or CommandError with its stderr."""
+    r = subprocess.run(cmd, text=True, capture_output=True, check=False, **kw)
+    if r.returncode:
+        raise CommandError(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr or r.stdout}")
+    return r.stdout
+
+
+def show(*names: str) -> dict[str, str]:
+    """``apt-cache show`` of each name's candidate version, in one call (names apt does not know
+    are left out)."""
+    r = subprocess.run(["apt-cache", "show", "--no-all-versions", *names], text=True, capture_output=True, check=False)
+    out = {}
+    for stanza in r.stdout.split("\n\n"):
+        m = re.search(r"^Package: (\S+)", stanza, re.M)
+        if m:
+            out[m.group(1)] = stanza
+    return out
+
+
+def _missing(name: str) -> CommandError:
+    return CommandError(
+        f"apt knows no package {name}: run `apt-get update` (Debian 12 sources with main) and try again"
+    )
+
+
+def resolve(names: Iterable[str]) -> dict[str, str]:
+    """name -> candidate version, with linux-image-amd64 replaced by the image it pulls."""
+    names = list(names)
+    info = show(*names)
+    if "linux-image-amd64" in names:
+        m = re.search(r"^Depends:.*?(linux-image-[\w.-]+)", info.get("linux-image-amd64", ""), re.M)
+        if not m:
+            raise _missing("linux-image-amd64")
+        image = m.group(1)
+        info.update(show(image))
+        names = [image if n == "linux-image-amd64" else n for n in names]
+    out = {}
+    for name in names:
+        m = re.search(r"^Version: (\S+)", info.get(name, ""), re.M)
+        if not m:
+            raise _missing(name)
+        out[name] = m.group(1)
+    return out
+
+
+def download(pkgs: dict[str, str], debs: Path) -> list[Path]:
+    """The .deb of each name=version, from ``debs`` or downloaded into it."""
+    debs.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for name, ver in pkgs.items():
+        pattern = f"{name}_{ver.replace(':', '%3a')}_*.deb"  # _amd64 or _all
+        if not list(debs.glob(pattern)):
+            sh(["apt-get", "download", f"{name}={ver}"], cwd=debs)
+        paths += debs.glob(pattern)
+    return paths
+
+
+def build_mtty(kver: str, ko: Path, debs: Path) -> Path:
+    """mtty.ko (samples/vfio-mdev, not in Debian's kernel) built for ``kver`` against
+    Debian's headers: an mdev parent for hosts without vGPU hardware. Cached at ``ko``."""
+    if ko.exists():
+        return ko
+    headers = f"linux-headers-{kver}"
+    ver = resolve([headers])[headers]
+    info = show(headers)[headers]
+    common = re.search(r"^Depends:.*?(linux-headers-[\w.-]+-common)", info, re.M).group(1)
+    series = re.match(r"\d+\.\d+", ver).group(0)
+    got = download({headers: ver, common: ver, f"linux-kbuild-{series}": ver, f"linux-source-{series}": ver}, debs)
+    with tempfile.TemporaryDirectory(prefix="gpuprov-mtty-") as tmp:
+        x, m_dir = Path(tmp, "x"), Path(tmp, "m")
+        for deb in got[:3]:
+            sh(["dpkg-deb", "-x", str(deb), str(x)])
+        # The headers' Makefile includes the -common tree by absolute path: point it here.
+        hdir = x / "usr/src" / headers
+        (hdir / "Makefile").write_text(f"include {x}/usr/src/{common}/Makefile\n")
+        m_dir.mkdir()
+        src = f"linux-source-{series}"
+        sh(
+            [
+                "sh",
+                "-c",
+                f"dpkg-deb --fsys-tarfile {got[3]} | tar -xO ./usr/src/{src}.tar.xz"
+                f" | tar -xJO {src}/samples/vfio-mdev/mtty.c > {m_dir}/mtty.c",
+            ]
+        )
+        (m_dir / "Makefile").write_text("obj-m := mtty.o\n")
+        sh(["make", "-C", str(hdir), f"M={m_dir}", "modules"])
+        ko.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(m_dir / "mtty.ko", ko)
+    return ko

@@ -1,0 +1,177 @@
+"""``gpuprov plan``: check a host's VM list against the host before anything changes.
+
+    gpuprov plan host_vars/gpu-node-01.yml                 # this host
+    gpuprov plan vms.yml --root capture.tar.gz --json      # a captured host, for machines
+
+The file is the VM list the role gpu_vms takes: a YAML list of VMs, or a
+mapping with ``gpu_vms_list`` (and optionally ``gpu_vms_defaults``,
+``gpu_vms_reserved_memory_mib``, ``gpu_vms_reserved_cpus``,
+``gpu_vms_mixed_vgpu_types``), such as the host's host_vars file. Every problem
+is printed at once; the exit status is 3 when there is any (2: bad input).
+Read-only. The rules live in :mod:`gpuprov.vms`; the module gpu_vm applies the
+same ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from . import __version__
+
+SCHEMA = "gpuprov.plan/v1"
+
+
+def plan_report(plan: Any, root: str) -> dict[str, Any]:
+    """The plan as plain data (``--json``)."""
+    vms = []
+    for vm in plan.vms:
+        placement = plan.placements.get(vm.name)
+        vms.append(
+            {
+                "name": vm.name,
+                "state": vm.state or "running",
+                "memory_mib": vm.memory_mib,
+                "vcpus": vm.vcpus,
+                "firmware": vm.firmware,
+                "accel": vm.accel,
+                "gpus": [g.address for g in vm.gpus],
+                "vfs": [{"address": v.address, "vgpu_type": v.vgpu_type} for v in vm.vfs],
+                "mdevs": [{"parent": m.parent, "type": m.type, "uuid": m.uuid} for m in vm.mdevs],
+                "network": vm.network,
+                "mac": vm.guest_mac if vm.network else None,
+                "placement": placement.as_dict() if placement else None,
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "gpuprov_version": __version__,
+        "root": root,
+        "ok": not plan.refused,
+        "vms": vms,
+        "refusals": [{"message": r.message, "fix": r.fix, "device": r.device} for r in plan.refusals],
+        "warnings": list(plan.warnings),
+        "resources": plan.resources,
+    }
+
+
+def print_plan(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 160))  # piped/logged: do not wrap at 80
+    table = Table(title=f"VM plan for {report['root']}", title_justify="left")
+    for column in ("VM", "state", "memory", "vCPUs", "node", "host CPUs", "hugepages", "devices"):
+        table.add_column(column)
+    for vm in report["vms"]:
+        placement = vm["placement"] or {}
+        slots = placement.get("pci_slots") or []
+        devices = [" + ".join(slot) for slot in slots] + [f"mdev {m['type']}@{m['parent']}" for m in vm["mdevs"]]
+        cpus = placement.get("cpus")
+        hugepage = placement.get("hugepage_kib")
+        node = placement.get("numa_node")
+        table.add_row(
+            vm["name"],
+            vm["state"],
+            f"{vm['memory_mib']} MiB",
+            str(vm["vcpus"]),
+            "-" if node is None else str(node),
+            "not pinned" if cpus is None else ",".join(map(str, cpus)),
+            "no" if not hugepage else f"{hugepage} KiB",
+            "\n".join(devices) or "-",
+        )
+    console.print(table)
+    memory = report["resources"].get("memory") or {}
+    cpus = report["resources"].get("cpus") or {}
+    if memory:
+        console.print(
+            f"memory: VMs {memory['vms_mib']} MiB ({memory['vms_in_hugepages_mib']} in hugepages) of the host's "
+            f"{memory['host_mib']} MiB, {memory['reserved_for_host_mib']} MiB kept for the host, "
+            f"{memory['hugepages_reserved_mib']} MiB reserved as hugepages",
+            highlight=False,
+        )
+    if cpus:
+        console.print(
+            f"CPUs: VMs {cpus['vcpus']} vCPUs of the host's {cpus['host']}, "
+            f"{cpus['reserved_for_host']} kept for the host",
+            highlight=False,
+        )
+    for warning in report["warnings"]:
+        console.print(f"[yellow]warning[/]: {warning}", highlight=False)
+    for refusal in report["refusals"]:
+        fix = f"\n    fix: {refusal['fix']}" if refusal["fix"] else ""
+        console.print(f"[red]REFUSED[/]: {refusal['message']}{fix}", highlight=False)
+    if report["ok"]:
+        console.print(f"[green]OK[/]: {len(report['vms'])} VMs fit this host", highlight=False)
+    else:
+        console.print(
+            f"[red]{len(report['refusals'])} problem(s)[/]: nothing may change until they are fixed", highlight=False
+        )
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import yaml
+
+    from .cli import EXIT_NOT_READY, EXIT_OK, UsageError, host_root
+    from .host.facts import gather
+    from .host.sysfs import Sysfs
+    from .vms import plan_host, vm_list_from_document
+
+    try:
+        with open(args.vms, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.vms}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{args.vms} is not valid YAML: {exc}") from None
+    try:
+        vm_list, settings, _defaults = vm_list_from_document(doc)
+    except ValueError as exc:
+        raise UsageError(f"{args.vms}: {exc}") from None
+    if args.reserved_memory_mib is not None:
+        settings.reserved_memory_mib = args.reserved_memory_mib
+    if args.reserved_cpus is not None:
+        settings.reserved_cpus = args.reserved_cpus
+    if args.mixed_vgpu_types:
+        settings.mixed_vgpu_types = True
+    with host_root(args.root) as root:
+        facts = gather(Sysfs(root))
+    plan = plan_host(facts, vm_list, settings)
+    report = plan_report(plan, args.root)
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2 if sys.stdout.isatty() else None) + "\n")
+    else:
+        print_plan(report)
+    return EXIT_NOT_READY if plan.refused else EXIT_OK
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``gpuprov plan``."""
+    p = sub.add_parser(
+        "plan",
+        help="check a host's VM list (GPUs, vGPUs, CPUs, memory) against the host; exit 3 on any problem",
+        description="Check the VMs planned for a host against its facts before anything changes: devices "
+        "given twice or not vfio-ready, mdev types and available instances, mixed vGPU types, host memory, "
+        "CPUs and hugepages oversubscribed. Prints every problem at once and where each VM would run "
+        "(NUMA node, pinned CPUs, hugepages). Read-only.",
+    )
+    p.add_argument("vms", metavar="VMS.yml", help="a YAML list of VMs, or a host_vars file with gpu_vms_list")
+    p.add_argument("--root", default="/", help="read this root (an unpacked capture, or its .tar.gz) instead of /")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (schema gpuprov.plan/v1)")
+    p.add_argument(
+        "--reserved-memory-mib",
+        type=int,
+        default=None,
+        help="host memory kept for the host (default: the file's, else 10%% of RAM, at most 4 GiB)",
+    )
+    p.add_argument(
+        "--reserved-cpus", default=None, help="host CPUs kept for the host, a cpulist (default: the file's, else 0)"
+    )
+    p.add_argument(
+        "--mixed-vgpu-types", action="store_true", help="the GPUs run NVIDIA's mixed-size vGPU mode (expert)"
+    )
+    p.set_defaults(func=cmd_plan)

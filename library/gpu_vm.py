@@ -1,0 +1,284 @@
+#!/usr/bin/python
+# Copyright: gpuprov contributors
+# Apache License 2.0
+"""Ansible module gpu_vm: one libvirt VM with its GPUs, vGPUs, disk and cloud-init seed."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_vm
+short_description: A libvirt VM with passed-through GPUs or vGPUs, placed on the GPU's NUMA node
+description:
+  - Makes one libvirt domain be C(defined), C(running), C(shutdown) or C(absent), from an entry of the
+    host's VM list (the role gpu_vms passes C(gpu_vms_list) entries, with C(gpu_vms_defaults) under them).
+  - Before anything changes, the whole host list is checked against the host's facts, exactly as
+    C(gpuprov plan) does (a device given twice, not vfio-ready, mdev types and C(available_instances),
+    mixed vGPU types, host memory/CPUs/hugepages oversubscribed), and the VM's devices against every
+    other libvirt domain; any problem refuses the task, changing nothing.
+  - The domain is q35 with a pcie-root-port per passed-through device, every function of a GPU on one
+    multifunction guest slot, C(managed=yes), vCPUs pinned to host CPUs of the GPU's NUMA node and memory
+    bound to it, hugepages when enough are reserved, mdev vGPUs by UUID and SR-IOV vGPU VFs as PCI hostdevs.
+  - Its disk is a qcow2 overlay on a base image, its cloud-init NoCloud seed an ISO (user, SSH keys, host name),
+    both under O(storage_dir). A missing mdev is created, and an SR-IOV VF gets its vGPU type, through sysfs.
+  - Idempotent. The domain is redefined only when the generated XML differs in meaning from the domain's
+    persistent definition (what libvirt adds, such as addresses of its own controllers, and whitespace do not
+    count). A running domain whose definition changed reports RV(needs_restart).
+version_added: "0.1.0"
+author: gpuprov contributors
+requirements:
+  - libvirt Python bindings on the target's interpreter (Debian/Ubuntu C(python3-libvirt), EL
+    C(python3-libvirt), or C(libvirt-python) from PyPI); the module fails with that message without them.
+  - C(qemu-img), and C(genisoimage), C(xorriso) or C(cloud-localds) for the seed ISO.
+options:
+  vm:
+    description:
+      - The VM, as one entry of the host's VM list. Keys C(name) (the domain's name; required),
+        C(state), C(memory_mib), C(vcpus), C(firmware) (C(efi) or C(bios)), C(accel) (C(kvm) or C(tcg)),
+        C(machine), C(gpus) (full PCI addresses, or mappings with C(address) and C(rom) on/off/file),
+        C(vfs) (addresses, or mappings with C(address) and C(vgpu_type)), C(mdevs) (mappings with C(parent),
+        C(type) and C(uuid)), C(numa_node), C(cpuset), C(pin), C(hugepages) (C(auto), C(yes), C(no)),
+        C(hide_kvm), C(vendor_id), C(network), C(mac), C(disk) (C(base), C(size_gib), C(path)),
+        C(cloud_init) (C(user), C(ssh_authorized_keys), C(hostname), C(packages)), C(boot) (C(kernel),
+        C(initrd), C(cmdline) for direct kernel boot) and C(autostart). See the role gpu_vms' README section.
+    type: dict
+    required: true
+  state:
+    description:
+      - What the domain should be. The VM entry's own C(state) key wins over this.
+      - C(defined) defines (or redefines) it and leaves it as it is; C(running) also starts it;
+        C(shutdown) shuts it down (ACPI, then power off after O(shutdown_timeout)); C(absent) powers it off
+        and undefines it.
+    type: str
+    choices: [defined, running, shutdown, absent]
+    default: running
+  defaults:
+    description:
+      - Keys every VM of the list gets unless it sets them (the role passes C(gpu_vms_defaults)); mappings
+        such as C(cloud_init) merge key by key. Applied to O(vm) and to each of O(host_vms).
+    type: dict
+    default: {}
+  host_vms:
+    description:
+      - The host's whole VM list. CPU pinning places this VM after the ones before it in that list and the
+        whole list is checked, so VMs never share pinned CPUs or devices. Empty means this VM alone.
+    type: list
+    elements: dict
+    default: []
+  uri:
+    description: libvirt connection URI.
+    type: str
+    default: qemu:///system
+  storage_dir:
+    description: Where overlays and seeds are made (readable by the QEMU user).
+    type: path
+    default: /var/lib/libvirt/images/gpuprov
+  remove_storage:
+    description: With O(state=absent), also delete the overlay and seed that gpuprov made (never a given C(disk.path)).
+    type: bool
+    default: false
+  reserved_memory_mib:
+    description: Host memory kept for the host; unset means 10% of it, at most 4 GiB.
+    type: int
+  reserved_cpus:
+    description: Host CPUs (cpulist) kept for the host; pinned vCPUs never use them.
+    type: str
+    default: "0"
+  mixed_vgpu_types:
+    description: The GPUs run NVIDIA's mixed-size vGPU mode, so one GPU may hold vGPUs of several types.
+    type: bool
+    default: false
+  wait_for_address:
+    description:
+      - With O(state=running), wait up to this many seconds for the guest's DHCP lease on its libvirt
+        network and return it in RV(addresses); 0 does not wait.
+    type: int
+    default: 0
+  shutdown_timeout:
+    description: Seconds an ACPI shutdown may take before the domain is powered off.
+    type: int
+    default: 180
+  root:
+    description: The host's root for its facts (C(/) on a real host; a captured root for dry runs).
+    type: path
+    default: /
+notes:
+  - Check mode reports the plan and, with C(--diff), the domain XML diff and seed files; it changes nothing.
+seealso:
+  - module: vfio_bind
+"""
+
+EXAMPLES = r"""
+- name: A training VM with a whole GPU (and its audio function), pinned to the GPU's NUMA node
+  gpu_vm:
+    vm:
+      name: train-01
+      memory_mib: 131072
+      vcpus: 16
+      gpus: ["0000:41:00.0"]
+      disk: {base: /var/lib/libvirt/images/debian-12-genericcloud-amd64.qcow2, size_gib: 200}
+      cloud_init: {user: gpuadmin, ssh_authorized_keys: ["ssh-ed25519 AAAA... admin"]}
+    wait_for_address: 600
+
+- name: Two VMs sharing a GPU through mdev vGPUs of one type
+  gpu_vm:
+    vm: "{{ item }}"
+    host_vms: "{{ gpu_vms_list }}"
+  loop: "{{ gpu_vms_list }}"
+
+- name: Remove a VM and its overlay
+  gpu_vm:
+    vm: {name: train-01}
+    state: absent
+    remove_storage: true
+"""
+
+RETURN = r"""
+plan:
+  description: Every step, as text, in order (also in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - run qemu-img create -q -f qcow2 -F qcow2 -b /srv/base.qcow2 /srv/vms/vm1.qcow2 (disk of vm1)
+    - define domain vm1 (new)
+    - start domain vm1 (state running)
+xml:
+  description: The domain XML gpuprov generates for the VM (normalized), when it is not absent.
+  returned: success
+  type: str
+placement:
+  description: NUMA node, host CPU per vCPU, hugepage size and guest slots (each GPU's functions).
+  returned: success
+  type: dict
+  sample: {"numa_node": 1, "cpus": [16, 17], "hugepage_kib": 1048576, "pci_slots": [["0000:41:00.0", "0000:41:00.1"]]}
+paths:
+  description: The overlay, base image, seed folder and ISO, and serial log of the VM.
+  returned: success
+  type: dict
+mac:
+  description: The MAC address of the VM's NIC (given, or derived from its name).
+  returned: success
+  type: str
+addresses:
+  description: IPv4 addresses leased to the VM (with O(wait_for_address)).
+  returned: success
+  type: list
+  elements: str
+guest:
+  description: The running guest, once it has an address (with O(wait_for_address)), for C(add_host).
+  returned: when the guest got an address
+  type: dict
+  sample: {"name": "train-01", "address": "192.168.122.57", "addresses": ["192.168.122.57"], "user": "gpuadmin"}
+guest_user:
+  description: The user cloud-init creates in the guest (C(cloud_init.user)), for SSH; null without a seed.
+  returned: success
+  type: str
+  sample: gpuadmin
+state:
+  description: The state the VM was brought to (the VM entry's own, else O(state)).
+  returned: success
+  type: str
+needs_restart:
+  description: The definition of a running domain changed; it applies from the next start.
+  returned: success
+  type: bool
+not_run:
+  description: sysfs writes (mdev creation, vGPU type) not run because O(root) is not C(/).
+  returned: always
+  type: list
+  elements: str
+refusals:
+  description: Why the module refused, one entry per problem, with the fix.
+  returned: failed
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuprov.host.facts import gather
+from ansible.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible.module_utils.gpuprov.virt import (
+    LibvirtMissing,
+    LiveDomain,
+    StorageState,
+    VmOptions,
+    connect,
+    find_iso_tool,
+    finish_vm,
+    network_state,
+    other_assignments,
+    plan_vm,
+    read_live,
+    read_storage,
+    vm_paths,
+)
+from ansible.module_utils.gpuprov.vms import HostSettings, merge_defaults, plan_host
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "vm": {"type": "dict", "required": True},
+            "state": {"type": "str", "choices": ["defined", "running", "shutdown", "absent"], "default": "running"},
+            "defaults": {"type": "dict", "default": {}},
+            "host_vms": {"type": "list", "elements": "dict", "default": []},
+            "uri": {"type": "str", "default": "qemu:///system"},
+            "storage_dir": {"type": "path", "default": "/var/lib/libvirt/images/gpuprov"},
+            "remove_storage": {"type": "bool", "default": False},
+            "reserved_memory_mib": {"type": "int"},
+            "reserved_cpus": {"type": "str", "default": "0"},
+            "mixed_vgpu_types": {"type": "bool", "default": False},
+            "wait_for_address": {"type": "int", "default": 0},
+            "shutdown_timeout": {"type": "int", "default": 180},
+            "root": {"type": "path", "default": "/"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    vm = merge_defaults(p["defaults"], p["vm"])
+    name = str(vm.get("name") or "")
+    state = vm.get("state") or p["state"]
+    vm = {**vm, "state": state}
+    host_vms = [merge_defaults(p["defaults"], entry) for entry in p["host_vms"]]
+    vms = [vm if isinstance(entry, dict) and entry.get("name") == name else entry for entry in host_vms]
+    if not any(isinstance(entry, dict) and entry.get("name") == name for entry in vms):
+        vms.append(vm)
+    settings = HostSettings(p["reserved_memory_mib"], p["reserved_cpus"] or "", p["mixed_vgpu_types"])
+    try:
+        conn = connect(p["uri"])
+    except (LibvirtMissing, RuntimeError) as exc:
+        module.fail_json(msg=str(exc))
+    facts = gather(Sysfs(p["root"]))
+    host = plan_host(facts, vms, settings)
+    spec = host.vm(name)
+    live = read_live(conn, name)
+    storage = StorageState()
+    if spec is not None:
+        paths = vm_paths(spec, p["storage_dir"])
+        storage = read_storage(spec, paths, p["storage_dir"])
+    opts = VmOptions(
+        state=state,
+        storage_dir=p["storage_dir"],
+        iso_tool=find_iso_tool(module.get_bin_path),
+        qemu_img=module.get_bin_path("qemu-img") or "qemu-img",
+        remove_storage=p["remove_storage"],
+        network_state=network_state(conn, spec.network if spec else None),
+    )
+    others = other_assignments(conn, name) if state != "absent" else {}
+    plan = plan_vm(facts, host, name, live if live.exists else LiveDomain(), others, storage, opts)
+    finish_vm(
+        module,
+        plan,
+        conn,
+        p["root"],
+        shutdown_timeout=p["shutdown_timeout"],
+        wait_address=p["wait_for_address"],
+        state=state,
+        mac=spec.guest_mac if spec is not None and spec.network else None,
+        guest_user=spec.cloud_init.user if spec is not None and spec.cloud_init else None,
+    )
+
+
+if __name__ == "__main__":
+    main()
