@@ -7,6 +7,7 @@ Exit codes: 0 fine; 2 bad input (nothing was done); 3 a GPU named with
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -112,7 +113,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; ``command`` limits the lazily loaded commands to that one."""
     parser = argparse.ArgumentParser(
         prog="gpuprov",
         description="Turn KVM/libvirt hosts with GPUs into GPU-sharing hosts; diagnose why one is not ready.",
@@ -156,22 +158,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-commands", action="store_true", help="do not add lspci/nvidia-smi outputs")
     p.set_defaults(func=cmd_capture)
 
-    from .lab import add_parser as add_lab_parser
-
-    add_lab_parser(sub)
-
-    from .verify import add_parser as add_verify_parser
-
-    add_verify_parser(sub)
-
-    from .plancmd import add_parser as add_plan_parser
-
-    add_plan_parser(sub)
+    # Commands whose modules are imported only when they run (or for the full
+    # help): `inspect --json` on a big host pays for nothing it does not use.
+    for name, module in COMMAND_MODULES.items():
+        if command in (None, name):
+            importlib.import_module(module, __package__).add_parser(sub)
     return parser
 
 
+COMMAND_MODULES = {"verify": ".verify", "plan": ".plancmd", "lab": ".lab"}
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv``, when it is one of the lazily loaded ones."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMAND_MODULES or first in ("inspect", "capture") else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command_of(argv) or None)
     args = parser.parse_args(argv)
     try:
         result: Any = args.func(args)
