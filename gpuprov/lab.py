@@ -512,7 +512,14 @@ def image_key(lab: Path) -> tuple[str, dict[str, str], str, str]:
 
 
 def ensure_image(lab: Path, rebuild: bool = False) -> Path:
-    key, pkgs, kver, pubkey = image_key(lab)
+    try:
+        key, pkgs, kver, pubkey = image_key(lab)
+    except debpkg.CommandError:
+        if os.geteuid() != 0:
+            raise
+        say("apt-get update (apt knows none of the image's packages yet)")
+        debpkg.sh(["apt-get", "update", "-q"], env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        key, pkgs, kver, pubkey = image_key(lab)
     out = lab / "images" / key
     if (out / "info.json").exists() and not rebuild:
         say(f"image {key}: cached")
@@ -736,6 +743,9 @@ def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float) -> int:
         raise LabError(f"QEMU did not start: {r.stderr.strip()}")
     state = {"key": image.name, "port": port, "started": time.time(), "image": str(image)}
     (run / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    pid = qemu_pid(lab)
+    if pid:
+        start_watchdog(lab, pid)
     say(f"booting (console: {run / 'console.log'})")
     boot = wait_for_ssh(lab, port, timeout)
     say(f"up: SSH on 127.0.0.1:{port} after {boot:.0f} s of boot (image step {t_image:.0f} s)")
@@ -747,7 +757,7 @@ def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float) -> int:
 
 def qmp(lab: Path, *commands: str) -> None:
     """Send QMP commands (after the capabilities handshake); errors are ignored."""
-    with suppress(OSError), socket.socket(socket.AF_UNIX) as s:
+    with suppress(OSError, ValueError), socket.socket(socket.AF_UNIX) as s:
         s.settimeout(5)
         s.connect(str(run_dir(lab) / "qmp.sock"))
         f = s.makefile("rw")
@@ -755,7 +765,67 @@ def qmp(lab: Path, *commands: str) -> None:
         for cmd in ("qmp_capabilities", *commands):
             f.write(json.dumps({"execute": cmd}) + "\n")
             f.flush()
-            f.readline()
+            while not {"return", "error"} & json.loads(f.readline() or "{}").keys():
+                pass  # an event (RESET, POWERDOWN...) came first
+
+
+# The console lines that start a boot (the firmware handing over to GRUB, or the
+# kernel restarting the machine) and the one that ends it (getty on ttyS0).
+BOOT_STARTS = ("BdsDxe: starting", "reboot: Restarting system")
+BOOT_DONE = f"{HOSTNAME} login:"
+WATCHDOG_LIMIT = 240  # seconds from a boot's start to its login prompt (about 30 s normally)
+WATCHDOG_TRIES = 3  # resets in a row without a finished boot before the watchdog gives up
+
+
+def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
+    """The lab's BMC: reset the machine when a boot does not reach its login prompt in time.
+
+    Debian's kernel under TCG now and then hangs early in boot (both vCPUs spinning
+    with interrupts off, around the switch to the TSC clocksource, about one boot in
+    thirty); a real host's BMC watchdog would reset it, and so does this. Each
+    reset is logged in run/watchdog.log (``gpuprov lab status`` shows them). Runs
+    until QEMU exits."""
+    console, log = run_dir(lab) / "console.log", run_dir(lab) / "watchdog.log"
+    offset, started, tries = 0, time.monotonic(), 0
+    while not wait_gone(pid, 2):
+        try:
+            with open(console, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode("utf-8", "replace")
+                offset = f.tell()
+        except OSError:
+            text = ""
+        last_start = max(text.rfind(m) for m in BOOT_STARTS)
+        last_done = text.rfind(BOOT_DONE)
+        if last_done > last_start:
+            started, tries = None, 0
+        elif last_start >= 0:
+            started = time.monotonic()
+        if started is not None and time.monotonic() - started > limit:
+            tries += 1
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+            with open(log, "a") as f:
+                if tries > WATCHDOG_TRIES:
+                    f.write(f"{stamp} boot stuck again after {WATCHDOG_TRIES} resets: giving up\n")
+                    return
+                f.write(f"{stamp} no login prompt {limit:.0f} s after the boot started: system_reset\n")
+            qmp(lab, "system_reset")
+            started = time.monotonic()
+
+
+def start_watchdog(lab: Path, pid: int) -> None:
+    """Run :func:`watchdog` in a detached process (it outlives this command, ends with QEMU)."""
+    code = f"from gpuprov.lab import watchdog; from pathlib import Path; watchdog(Path({str(lab)!r}), {pid})"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    with open(run_dir(lab) / "watchdog.err", "ab") as err:
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
 
 
 def wait_gone(pid: int, timeout: float) -> bool:
@@ -812,6 +882,10 @@ def status(lab: Path, as_json: bool) -> int:
         "console": str(run_dir(lab) / "console.log"),
         "ssh_key": str(lab / "id_ed25519"),
     }
+    try:
+        out["watchdog_resets"] = (run_dir(lab) / "watchdog.log").read_text().splitlines()
+    except OSError:
+        out["watchdog_resets"] = []
     if as_json:
         print(json.dumps(out, indent=2))
         return 0
@@ -821,6 +895,8 @@ def status(lab: Path, as_json: bool) -> int:
             print(f"  runs image {state.get('key')}; the inputs now give {key} (`down` and `up` to rebuild)")
     else:
         print("not running (gpuprov lab up)")
+    for line in out["watchdog_resets"]:
+        print(f"  watchdog: {line}")
     print(f"image key: {key} ({'cached' if out['image_cached'] else 'not built yet'})")
     print(f"lab dir: {lab}")
     extra = inventory_overrides(lab, out["ssh_port"] or default_port())
