@@ -112,3 +112,22 @@ def build_mtty(kver: str, ko: Path, debs: Path) -> Path:
         ko.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(m_dir / "mtty.ko", ko)
     return ko
+
+
+# The emulated GPU host both the lab and tools/emuhost boot: q35 with an Intel
+# IOMMU (interrupt remapping needs the split irqchip), TCG (KVM hangs on these
+# machines), an Intel CPU without the hypervisor bit to match the IOMMU and look
+# like bare metal (TCG has no VT-x), 2 vCPUs.
+QEMU_HOST = [
+    "qemu-system-x86_64",
+    "-machine",
+    "q35,kernel-irqchip=split",
+    "-accel",
+    "tcg",
+    "-cpu",
+    "Nehalem,-hypervisor",
+    "-device",
+    "intel-iommu,intremap=on,caching-mode=on",
+    "-smp",
+    "2",
+]

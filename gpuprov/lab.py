@@ -564,21 +564,9 @@ def qemu_pid(lab: Path) -> int | None:
 def qemu_argv(lab: Path, image: Path, port: int) -> list[str]:
     run = run_dir(lab)
     return [
-        "qemu-system-x86_64",
+        *debpkg.QEMU_HOST,
         "-name",
         HOSTNAME,
-        "-machine",
-        "q35,kernel-irqchip=split",
-        "-accel",
-        "tcg",
-        # An Intel CPU without the hypervisor bit, to match the Intel IOMMU and look
-        # like bare metal (TCG has no VT-x).
-        "-cpu",
-        "Nehalem,-hypervisor",
-        "-device",
-        "intel-iommu,intremap=on,caching-mode=on",
-        "-smp",
-        "2",
         "-m",
         "2048",
         "-nodefaults",

@@ -4,7 +4,6 @@ each of these makes its IOMMU group untouchable."""
 
 from __future__ import annotations
 
-import re
 import socket
 import struct
 from dataclasses import dataclass, field
@@ -12,14 +11,13 @@ from dataclasses import dataclass, field
 from .pci import PCI_ADDRESS_RE
 from .sysfs import Sysfs
 
-_PCI_COMPONENT = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
 _DEV_FILES = ("/dev/nvidia", "/dev/dri/", "/dev/vfio/")
 
 
 def pci_device_of(path: str) -> str | None:
     """The PCI device a sysfs device path hangs off (the last address in it)."""
     for part in reversed(path.split("/")):
-        if _PCI_COMPONENT.match(part):
+        if PCI_ADDRESS_RE.match(part):
             return part
     return None
 

@@ -82,27 +82,8 @@ MODULES = [
 ]
 
 KERNEL_ARGS = "console=ttyS0 intel_iommu=on iommu=pt panic=-1"
-# An Intel CPU without the CPUID hypervisor bit, to match the Intel IOMMU and look
-# like the bare-metal host these stand for (TCG has no VT-x: no vmx flag).
-QEMU = [
-    "qemu-system-x86_64",
-    "-machine",
-    "q35,kernel-irqchip=split",
-    "-accel",
-    "tcg",
-    "-cpu",
-    "Nehalem,-hypervisor",
-    "-device",
-    "intel-iommu,intremap=on,caching-mode=on",
-    "-m",
-    "1024",
-    "-smp",
-    "2",
-    "-nodefaults",
-    "-display",
-    "none",
-    "-no-reboot",
-]
+# The emulated host machine (debpkg.QEMU_HOST), as a capture boots it.
+QEMU = [*debpkg.QEMU_HOST, "-m", "1024", "-nodefaults", "-display", "none", "-no-reboot"]
 
 
 def rp(n, dev):
