@@ -9,11 +9,11 @@ APT_PACKAGES=(python3 python3-venv python3-pip pciutils pci.ids)
 # The test extra: libvirt-python builds against libvirt-dev (no wheel on PyPI);
 # virt-xml-validate (libvirt-clients + xmllint) checks the domain XML; the module
 # tests make overlays and seed ISOs; the real libvirt test runs libvirtd, QEMU
-# (TCG), OVMF and dnsmasq on an isolated network and builds its guest image
-# with debootstrap (scripts/guest-image.sh).
+# (TCG), OVMF and dnsmasq on an isolated network in a network namespace of its
+# own (iproute2), and builds its guest image with debootstrap (scripts/guest-image.sh).
 if [[ ,${1:-}, == *,test,* || ,${1:-}, == *,dev,* ]]; then
   APT_PACKAGES+=(gcc pkg-config python3-dev libvirt-dev libvirt-clients libxml2-utils qemu-utils genisoimage
-    libvirt-daemon-system qemu-system-x86 ovmf dnsmasq-base iptables debootstrap openssh-client)
+    libvirt-daemon-system qemu-system-x86 ovmf dnsmasq-base iptables iproute2 debootstrap openssh-client)
 fi
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

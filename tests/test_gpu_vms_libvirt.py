@@ -1,10 +1,13 @@
 """Role gpu_vms and module gpu_vm against a real libvirtd (qemu:///system), for real.
 
-The test setup starts virtlogd and libvirtd when they are not running, defines
-an isolated libvirt network (``gpuprov-test``, bridge ``gpvirbr0``, DHCP on
-192.168.213.0/24, no forwarding: every packet stays between this machine and
-the guest) and builds the guest image with ``scripts/guest-image.sh`` (Debian 12
-+ cloud-init, cached under ``${GPUPROV_CACHE:-~/.cache/gpuprov}/guest/``).
+The test setup makes a network namespace of its own (``gpuprov-libvirt``), starts
+virtlogd, and libvirtd inside that namespace, defines an isolated libvirt network
+(``gpuprov-test``, bridge ``gpvirbr0``, DHCP on 192.168.213.0/24, no forwarding)
+and builds the guest image with ``scripts/guest-image.sh`` (Debian 12 + cloud-init,
+cached under ``${GPUPROV_CACHE:-~/.cache/gpuprov}/guest/``). libvirtd's bridge,
+dnsmasq and the guests' taps are all in that namespace, and so are ansible-playbook
+and ssh (``ip netns exec``): every packet stays between this test and its guest,
+never on the machine's own network.
 
 Then, through ``ansible-playbook`` and the role, as an admin would run it:
 
@@ -55,17 +58,11 @@ LOCK = Path("/run/lock/gpuprov-libvirt-test.lock")
 VM = "gpuprov-test-vm"
 USER = "gpuadmin"
 
-# Not in CI yet: the guest is reached at 192.168.213.x on a bridge in the root
-# network namespace, and test traffic here may only go to loopback or to hosts in
-# network namespaces we create. Run it knowingly with GPUPROV_LIBVIRT_REAL=1 until
-# the network moves into its own namespace (issue #4).
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("GPUPROV_LIBVIRT_REAL") != "1",
-        reason="real libvirt network test: set GPUPROV_LIBVIRT_REAL=1 (guest on a private bridge; see module comment)",
-    ),
-]
+# The namespace libvirtd, the guests' network, ansible-playbook and ssh run in.
+NETNS = "gpuprov-libvirt"
+NETNS_PATH = Path("/run/netns") / NETNS
+
+pytestmark = pytest.mark.slow
 
 
 def _run(cmd: list[str], timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -73,6 +70,51 @@ def _run(cmd: list[str], timeout: float = 120, check: bool = True) -> subprocess
     if check and proc.returncode != 0:
         raise AssertionError(f"$ {' '.join(cmd)} -> {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def _in_netns(cmd: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", NETNS, *cmd]
+
+
+def _ensure_netns() -> None:
+    if not NETNS_PATH.exists():
+        _run(["ip", "netns", "add", NETNS])
+    _run(["ip", "-n", NETNS, "link", "set", "lo", "up"])
+
+
+def _libvirtd_pid() -> int | None:
+    proc = subprocess.run(["pgrep", "-x", "libvirtd"], capture_output=True, text=True, check=False)
+    pids = proc.stdout.split()
+    return int(pids[0]) if pids else None
+
+
+def _in_our_netns(pid: int) -> bool:
+    return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(NETNS_PATH).st_ino
+
+
+def _stop_socket_activation() -> None:
+    """Under systemd, libvirtd.socket would start a libvirtd in the machine's own namespace at
+    the first virsh call."""
+    if Path("/run/systemd/system").exists():
+        units = ["libvirtd.service", "libvirtd.socket", "libvirtd-ro.socket", "libvirtd-admin.socket"]
+        subprocess.run(["systemctl", "stop", *units], capture_output=True, timeout=120, check=False)
+
+
+def _stop_foreign_libvirtd(pid: int) -> None:
+    """A libvirtd outside our namespace (e.g. started by the package's unit) would put the
+    test network on the machine's own: stop it, unless it runs domains (then refuse)."""
+    running = _virsh("list", "--name", check=False).split()
+    assert not running, (
+        f"libvirtd (pid {pid}) runs outside the test's network namespace with running domains {running}: "
+        "stop them and libvirtd (systemctl stop libvirtd), then run the test again"
+    )
+    _stop_socket_activation()
+    if _libvirtd_pid() == pid:
+        os.kill(pid, 15)
+    deadline = time.monotonic() + 30
+    while _libvirtd_pid() is not None:
+        assert time.monotonic() < deadline, f"libvirtd (pid {pid}) did not stop within 30 s"
+        time.sleep(0.5)
 
 
 def _virsh(*args: str, check: bool = True) -> str:
@@ -155,11 +197,17 @@ def libvirt_host(
     for tool in ("virsh", "libvirtd", "virtlogd", "qemu-system-x86_64", "qemu-img", "genisoimage", "dnsmasq"):
         assert shutil.which(tool), f"{tool} is missing: scripts/bootstrap.sh test installs the libvirt packages"
     start = time.monotonic()
+    _ensure_netns()
+    pid = _libvirtd_pid()
+    if pid is not None and not _in_our_netns(pid):
+        _stop_foreign_libvirtd(pid)
+    elif pid is None:
+        _stop_socket_activation()
     if not _libvirtd_answers():
         if subprocess.run(["pgrep", "-x", "virtlogd"], capture_output=True, check=False).returncode != 0:
             _run(["virtlogd", "-d"])
-        if subprocess.run(["pgrep", "-x", "libvirtd"], capture_output=True, check=False).returncode != 0:
-            _run(_libvirtd_command())
+        if _libvirtd_pid() is None:
+            _run(_in_netns(_libvirtd_command()))
         deadline = time.monotonic() + 60
         while not _libvirtd_answers():
             assert time.monotonic() < deadline, "libvirtd did not answer within 60 s"
@@ -171,7 +219,11 @@ def libvirt_host(
         _virsh("net-define", str(xml))
     if NETWORK not in _virsh("net-list", "--name").split():
         _virsh("net-start", NETWORK)
-    timings["libvirtd + network"] = time.monotonic() - start
+    pid = _libvirtd_pid()
+    assert pid is not None and _in_our_netns(pid), "libvirtd is not in the test's network namespace"
+    bridge = _run(["ip", "-n", NETNS, "-br", "addr", "show", "gpvirbr0"]).stdout
+    assert "192.168.213.1/24" in bridge, bridge
+    timings["libvirtd + network (own namespace)"] = time.monotonic() - start
 
     start = time.monotonic()
     proc = _run([str(REPO / "scripts" / "guest-image.sh")], timeout=1800)
@@ -248,6 +300,7 @@ def playbook(libvirt_host: dict[str, Any], tmp_path_factory: pytest.TempPathFact
         variables = {**base_vars, "gpu_vms_state": state, **extra}
         (work / "vars.json").write_text(json.dumps(variables))
         cmd = [
+            *_in_netns([]),
             str(Path(sys.executable).with_name("ansible-playbook")),
             "-i",
             str(inventory),
@@ -311,7 +364,7 @@ def test_vm_without_gpu_lifecycle_over_ssh(playbook, libvirt_host, timings, evid
         f"{USER}@{guest['address']}",
     ]
     remote = "hostname; id; uname -sr; sudo -n true && echo sudo ok"
-    login = _run([*ssh, remote], timeout=120)
+    login = _run(_in_netns([*ssh, remote]), timeout=120)
     evidence.append(f"$ ssh -i KEY {USER}@{guest['address']} '{remote}'\n{login.stdout}")
     assert login.stdout.splitlines()[0] == VM and f"({USER})" in login.stdout and "sudo ok" in login.stdout
 
