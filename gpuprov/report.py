@@ -70,6 +70,33 @@ def gpu_dict(a: GpuAssessment) -> dict[str, Any]:
     }
 
 
+def _instances(facts: HostFacts, gpu: dict[str, Any]) -> dict[str, Any]:
+    """The GPU's vGPU instances and free capacity, added to what the assessment offers."""
+    vgpu = gpu["vgpu"]
+    if "sriov_vgpu" in vgpu:
+        dev = facts.pci.get(gpu["address"])
+        vfs = [facts.vgpu_vfs[v] for v in (dev.virtfns if dev else []) if v in facts.vgpu_vfs]
+        names: dict[int, str] = {}
+        for vf in vfs:
+            names.update(vf.creatable)
+        vgpu["sriov_vgpu"]["instances"] = [
+            {"vf": vf.address, "type": vf.current_type, "name": names.get(vf.current_type or 0)}
+            for vf in sorted(vfs, key=lambda v: v.address)
+            if vf.current_type
+        ]
+        vgpu["sriov_vgpu"]["vfs_free"] = sum(1 for vf in vfs if vf.current_type == 0)
+    return gpu
+
+
+def _mdev_parent(facts: HostFacts, parent: Any) -> dict[str, Any]:
+    return {
+        "parent": parent.parent,
+        "is_pci": parent.parent in facts.pci,
+        "types": [asdict(t) for t in parent.types.values()],
+        "instances": sum(len(t.instances) for t in parent.types.values()),
+    }
+
+
 def build_report(facts: HostFacts, gpus: list[GpuAssessment]) -> dict[str, Any]:
     iommu = facts.iommu
     usage = facts.usage
@@ -99,10 +126,7 @@ def build_report(facts: HostFacts, gpus: list[GpuAssessment]) -> dict[str, Any]:
         },
         "pci_devices": [pci_device_dict(d) for d in facts.pci.values()],
         "mdev": {
-            "parents": [
-                {"parent": p.parent, "types": [asdict(t) for t in p.types.values()]}
-                for p in facts.mdev_parents.values()
-            ],
+            "parents": [_mdev_parent(facts, p) for p in facts.mdev_parents.values()],
             "instances": [asdict(m) for m in facts.mdevs],
         },
         "sriov_vgpu": [
@@ -135,7 +159,7 @@ def build_report(facts: HostFacts, gpus: list[GpuAssessment]) -> dict[str, Any]:
             "open_device_files": [asdict(f) for f in usage.open_files],
             "open_files_complete": usage.open_files_complete,
         },
-        "gpus": [gpu_dict(a) for a in gpus],
+        "gpus": [_instances(facts, gpu_dict(a)) for a in gpus],
         "summary": {
             "gpus": len(gpus),
             "ready": sum(1 for a in gpus if a.ready),

@@ -65,19 +65,43 @@ def _findings(gpu: dict[str, Any]) -> list[Text]:
         lines.append(line)
     vgpu = gpu.get("vgpu") or {}
     for mtype in vgpu.get("mdev_types", []):
-        lines.append(
-            Text(
-                f"  vGPU mdev type {mtype['type']} '{mtype['name']}': "
-                f"{mtype['available_instances']} available, {len(mtype['instances'])} created"
-            )
-        )
+        lines += _mdev_type_lines(mtype, "  vGPU mdev type")
     if "sriov" in vgpu:
         s = vgpu["sriov"]
         lines.append(Text(f"  SR-IOV: {s['enabled_vfs']}/{s['total_vfs']} VFs enabled"))
     if "sriov_vgpu" in vgpu:
         v = vgpu["sriov_vgpu"]
         types = ", ".join(v["creatable_types"].values()) or "none creatable now"
-        lines.append(Text(f"  SR-IOV vGPU: {v['vfs_in_use']}/{v['vfs']} VFs have a type; creatable: {types}"))
+        free = f", {v['vfs_free']} free" if "vfs_free" in v else ""
+        lines.append(Text(f"  SR-IOV vGPU: {v['vfs_in_use']}/{v['vfs']} VFs have a type{free}; creatable: {types}"))
+        for inst in v.get("instances", []):
+            lines.append(Text(f"    VF {inst['vf']}: type {inst['type']} ({inst['name'] or 'name not shown'})"))
+    return lines
+
+
+def _mdev_type_lines(mtype: dict[str, Any], label: str) -> list[Text]:
+    """One line per mdev type (free capacity, instances), then one per instance."""
+    type_id = mtype.get("type") or mtype.get("type_id")
+    lines = [
+        Text(
+            f"{label} {type_id} '{mtype['name']}': "
+            f"{mtype['available_instances']} available, {len(mtype['instances'])} created"
+        )
+    ]
+    lines += [Text(f"{' ' * (len(label) - len(label.lstrip()) + 2)}mdev {uuid}") for uuid in mtype["instances"]]
+    return lines
+
+
+def _other_mdev_parents(report: dict[str, Any]) -> list[Text]:
+    """mdev parents that are not GPUs (the kernel's mtty sample, other vendors' devices)."""
+    gpus = {g["address"] for g in report["gpus"]}
+    lines: list[Text] = []
+    for parent in report["mdev"]["parents"]:
+        if parent["parent"] in gpus:
+            continue
+        lines.append(Text(f"mdev parent {parent['parent']}:", "bold"))
+        for mtype in parent["types"]:
+            lines += _mdev_type_lines(mtype, "  mdev type")
     return lines
 
 
@@ -124,6 +148,11 @@ def print_report(report: dict[str, Any], *, show_all: bool = False, console: Con
         console.print(
             "No GPUs here: no display-class (0x03xx) PCI devices. Name a device with --device ADDR to assess it anyway."
         )
+    other = _other_mdev_parents(report)
+    if other:
+        console.print()
+        for line in other:
+            console.print(line)
     if show_all:
         console.print()
         for table in _all_devices(report):

@@ -1,0 +1,220 @@
+#!/usr/bin/python
+# Copyright: gpuprov contributors
+# Apache License 2.0
+"""Ansible module gpu_vgpu: the vGPU instances each GPU offers (mdev, SR-IOV vGPU, MIG), now and from boot."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_vgpu
+short_description: Give each GPU its vGPU instances (mdevs, NVIDIA SR-IOV vGPU types, MIG layouts), now and from boot
+description:
+  - Takes the inventory's C(gpuprov_gpus) mapping, keyed by GPU PCI address (or, for a non-PCI mdev parent such
+    as the kernel's C(mtty) sample, the parent's name), and makes each GPU offer what its entry declares.
+    Entries with C(use) C(passthrough) or C(host) are left to other roles.
+  - C(use=mdev) with C(mdevs), a list of C(type) (the type directory name, C(nvidia-259), or its name,
+    C(GRID V100-8Q)) and an optional C(uuid) creates the mdevs through sysfs and persists each as an mdevctl
+    definition C(/etc/mdevctl.d/PARENT/UUID) that mdevctl starts when the parent appears at boot. A missing
+    C(uuid) is derived from parent, type and rank, the same on every run.
+  - C(use=sriov_vgpu) with C(vgpus), a list of C(type) (name or numeric ID) and an optional C(vf) (a VF address)
+    enables the GPU's SR-IOV VFs (C(sriov-manage -e)), then writes each type ID to its VF's
+    C(nvidia/current_vgpu_type). Entry N takes VF number N unless pinned.
+  - C(use=mig) with C(mig), a list of MIG profiles (C(3g.40gb)) or a mapping of profile to count, creates the GPU
+    instances with a default compute instance each (C(nvidia-smi mig -cgi IDS -C)), destroying those that do not
+    fit the layout. MIG mode itself is only switched on with O(allow_mig_mode_change).
+  - VF types and MIG instances do not survive a reboot; the layout is saved in C(/etc/gpuprov/vgpu.json) and the
+    boot unit C(gpuprov-vgpu.service) re-applies it with the same planner (a copy of it under C(/usr/lib/gpuprov)).
+  - Refuses, changing nothing, on a malformed address, UUID or entry, an unknown C(use) or key, an absent parent or
+    GPU, a type the parent or VF does not offer, more mdevs than C(available_instances), mixed vGPU types on an
+    NVIDIA GPU (unless O(mixed_vgpu_types)), SR-IOV on a GPU without VFs, an unknown MIG profile or a layout that
+    does not fit, MIG mode off, and removing or changing an instance a running domain or process uses.
+  - Only instances this module made (recorded in the saved layout) are removed when the config drops them; with
+    O(prune), any instance on a declared GPU the config does not name goes too.
+  - Runtime sysfs writes and commands run only when O(root) is C(/); against another root the files are written
+    below it and the rest is reported in RV(not_run).
+version_added: "0.1.0"
+author: gpuprov contributors
+options:
+  gpus:
+    description:
+      - The C(gpuprov_gpus) mapping, keyed by full PCI address (C(0000:41:00.0)) or mdev parent name.
+      - Each value has C(use) (C(passthrough), C(host), C(mdev), C(sriov_vgpu) or C(mig)) and the key that use takes
+        (C(mdevs), C(vgpus) or C(mig)).
+    type: dict
+    default: {}
+  scheduler:
+    description:
+      - NVIDIA vGPU scheduler for time-sliced vGPUs, written to C(/etc/modprobe.d/gpuprov-vgpu-scheduler.conf)
+        as C(options nvidia NVreg_RegistryDwords="RmPVMRL=...") (0x00, 0x01 or 0x11). Read when the nvidia module
+        loads; RV(reboot_required) says when the loaded module runs another policy.
+      - Unset leaves the file alone.
+    type: str
+    choices: [best_effort, equal_share, fixed_share]
+  scheduler_timeslice_ms:
+    description: Time slice of equal_share or fixed_share, 1 to 30 ms (RmPVMRL=0x00TT0001 or 0x00TT0011).
+    type: int
+  mixed_vgpu_types:
+    description: The GPUs run NVIDIA's mixed-size vGPU mode, so one GPU may hold time-sliced vGPUs of several types.
+    type: bool
+    default: false
+  persistent:
+    description: Write the mdevctl definitions, the saved layout and the boot unit.
+    type: bool
+    default: true
+  prune:
+    description: Also remove instances on the declared GPUs that the config does not name, whoever made them.
+    type: bool
+    default: false
+  allow_mig_mode_change:
+    description:
+      - May switch MIG mode on (C(nvidia-smi -i N -mig 1)) for a C(use=mig) GPU where it is off. It takes effect
+        after a GPU reset or a reboot, run again afterwards to create the instances.
+    type: bool
+    default: false
+  root:
+    description: The host's root; C(/) on a real host, a staged or captured root for dry runs and tests.
+    type: path
+    default: /
+notes:
+  - Check mode and C(--diff) show the plan (every sysfs write, file and command) and change nothing.
+  - Where the VFs of a GPU are not enabled yet, their types are checked and set in a second pass once the VFs exist.
+  - Idempotent; a second run plans nothing.
+seealso:
+  - module: vfio_bind
+  - module: gpu_host_facts
+"""
+
+EXAMPLES = r"""
+- name: Two mtty mdevs (the kernel's sample parent), one with a fixed UUID
+  gpu_vgpu:
+    gpus:
+      mtty:
+        use: mdev
+        mdevs:
+          - {type: mtty-2, uuid: 5e2bb1d2-6a4b-4c4e-9b1a-0f0e2d1c0b01}
+          - {type: "Single port serial"}
+
+- name: Everything from the inventory, with the equal-share scheduler
+  gpu_vgpu:
+    gpus: "{{ gpuprov_gpus }}"
+    scheduler: equal_share
+
+- name: What would change on a captured host
+  gpu_vgpu:
+    gpus:
+      "0000:c1:00.0": {use: sriov_vgpu, vgpus: [{type: "NVIDIA A100-4C"}, {type: "NVIDIA A100-4C"}]}
+      "0000:e1:00.0": {use: mig, mig: {"1g.10gb": 7}}
+    root: /srv/captures/node07
+  check_mode: true
+"""
+
+RETURN = r"""
+plan:
+  description: Every action, as text, in order (also in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - write '5e2bb1d2-6a4b-4c4e-9b1a-0f0e2d1c0b01' to /sys/class/mdev_bus/mtty/mdev_supported_types/mtty-2/create (...)
+mdevs:
+  description: Each declared mdev with its UUID and what happens to it (created, present).
+  returned: success
+  type: list
+  elements: dict
+  sample: [{"parent": "mtty", "type": "mtty-2", "name": "Dual port serial", "uuid": "5e2bb1d2-...", "state": "created"}]
+created:
+  description: UUIDs of the mdevs created.
+  returned: success
+  type: list
+  elements: str
+removed:
+  description: UUIDs of the mdevs removed (made by gpuprov and no longer declared, or pruned).
+  returned: success
+  type: list
+  elements: str
+vgpus:
+  description: Each declared SR-IOV vGPU with its VF and type ID (state set, present, or pending until the VFs exist).
+  returned: success
+  type: list
+  elements: dict
+  sample: [{"pf": "0000:c1:00.0", "vf": "0000:c1:00.4", "type": 557, "name": "NVIDIA A100-4C", "state": "set"}]
+cleared_vfs:
+  description: VFs whose vGPU type was cleared (set by gpuprov and no longer declared, or pruned).
+  returned: success
+  type: list
+  elements: dict
+mig:
+  description: Per MIG GPU, its nvidia-smi index, the layout, the profiles created and the GPU instances destroyed.
+  returned: success
+  type: dict
+  sample: {"0000:e1:00.0": {"index": 3, "profiles": ["3g.40gb"], "created": ["3g.40gb"], "destroyed": []}}
+reboot_required:
+  description: The loaded nvidia module runs another scheduler than the one written, or MIG mode was switched on.
+  returned: success
+  type: bool
+scheduler:
+  description: The scheduling policy written (policy, RmPVMRL value, file), or null when not managed.
+  returned: success
+  type: dict
+first_pass:
+  description: What the first pass did where VFs had to be enabled before their types could be set.
+  returned: when VFs were enabled
+  type: list
+  elements: str
+not_run:
+  description: Runtime actions (sysfs writes, commands) not run because O(root) is not C(/).
+  returned: always
+  type: list
+  elements: str
+refusals:
+  description: Why the module refused, one entry per problem, with the fix.
+  returned: failed
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible.module_utils.gpuprov.modsupport import finish
+from ansible.module_utils.gpuprov.plan import ApplyError
+from ansible.module_utils.gpuprov.vgpu import VgpuRequest, enable_then_replan, plan_host
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "gpus": {"type": "dict", "default": {}},
+            "scheduler": {"type": "str", "choices": ["best_effort", "equal_share", "fixed_share"]},
+            "scheduler_timeslice_ms": {"type": "int"},
+            "mixed_vgpu_types": {"type": "bool", "default": False},
+            "persistent": {"type": "bool", "default": True},
+            "prune": {"type": "bool", "default": False},
+            "allow_mig_mode_change": {"type": "bool", "default": False},
+            "root": {"type": "path", "default": "/"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    request = VgpuRequest(
+        gpus=p["gpus"],
+        scheduler=p["scheduler"],
+        scheduler_timeslice_ms=p["scheduler_timeslice_ms"],
+        mixed_vgpu_types=p["mixed_vgpu_types"],
+        persistent=p["persistent"],
+        prune=p["prune"],
+        allow_mig_mode_change=p["allow_mig_mode_change"],
+    )
+    plan = plan_host(Sysfs(p["root"]), request)
+    extra = plan.result()
+    if plan.second_pass and not plan.refused and Sysfs(p["root"]).live and not module.check_mode:
+        try:
+            plan, first = enable_then_replan(p["root"], request, plan)
+        except ApplyError as exc:
+            module.fail_json(msg=str(exc), done=exc.applied.done, plan=plan.describe(), **extra)
+        extra = {**plan.result(), "first_pass": first.done}
+    finish(module, plan, p["root"], **extra)
+
+
+if __name__ == "__main__":
+    main()

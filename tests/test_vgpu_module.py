@@ -1,0 +1,138 @@
+"""gpu_vgpu run for real by ansible on a target Python with neither gpuprov nor
+ansible (the code travels as module_utils), over the mtty capture and the
+synthetic NVIDIA host; and the planner copy the boot unit runs, on that same
+bare Python. Every refusal leaves the root as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuprov.vgpu import BOOT_LIB, STATE_FILE, derived_uuid
+from tests import vgpuhosts as vh
+from tests.conftest import tree_digest
+from tests.test_modules import bare_python, run_module  # noqa: F401 - bare_python is a fixture
+
+LAB_UUID = "5e2bb1d2-6a4b-4c4e-9b1a-0f0e2d1c0b01"
+MTTY = {"mtty": {"use": "mdev", "mdevs": [{"type": "mtty-2", "uuid": LAB_UUID}, {"type": "Single port serial"}]}}
+
+
+@pytest.fixture
+def mtty(host_root, tmp_path) -> Path:
+    dest = tmp_path / "mtty"
+    shutil.copytree(host_root("mtty-mdev"), dest, symlinks=True)
+    return dest
+
+
+@pytest.fixture
+def nvidia(tmp_path) -> Path:
+    root = tmp_path / "nvidia"
+    vh.build(root).finish()
+    return root
+
+
+def test_mdevs_check_mode_diff_then_apply_then_idempotent(bare_python, mtty) -> None:  # noqa: F811
+    before = tree_digest(mtty)
+    args = {"gpus": MTTY, "root": str(mtty)}
+    dry = run_module(bare_python, "gpu_vgpu", args, check=True)
+    assert not dry["failed"] and dry["changed"] is True and tree_digest(mtty) == before
+    assert f"+++ after: {mtty}/etc/mdevctl.d/mtty/{LAB_UUID}" in dry["stdout"]
+    derived = derived_uuid("mtty", "mtty-1", 0)
+    assert dry["created"] == [LAB_UUID, derived]
+
+    first = run_module(bare_python, "gpu_vgpu", args)
+    assert first["changed"] is True and first["created"] == [LAB_UUID, derived]
+    assert any("mtty-2/create" in s for s in first["not_run"])  # a staged root's sysfs is not written
+    assert json.loads((mtty / f"etc/mdevctl.d/mtty/{derived}").read_text())["mdev_type"] == "mtty-1"
+
+    second = run_module(bare_python, "gpu_vgpu", args)
+    assert second["changed"] is False, second["plan"]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "text"),
+    [
+        ({"mtty": {"use": "mdev", "mdevs": [{"type": "mtty-9"}]}}, "mdev type 'mtty-9' is not offered by mtty"),
+        ({"mtty": {"use": "vgpu"}}, "use 'vgpu' is not one of"),
+        ({"mtty": {"use": "mdev", "mdevs": [{"type": "mtty-2"}] * 12}}, "available_instances is 11"),
+    ],
+)
+def test_refusals_change_nothing(bare_python, mtty, gpus, text) -> None:  # noqa: F811
+    before = tree_digest(mtty)
+    result = run_module(bare_python, "gpu_vgpu", {"gpus": gpus, "root": str(mtty)})
+    assert result["failed"] is True
+    assert result["msg"].startswith("refused, nothing changed: ") and text in result["msg"]
+    assert result["refusals"] and tree_digest(mtty) == before
+
+
+def test_nvidia_host_layout_scheduler_and_boot_unit(bare_python, nvidia) -> None:  # noqa: F811
+    gpus = {
+        vh.MDEV_GPU: {"use": "mdev", "mdevs": [{"type": "GRID V100-8Q"}]},
+        vh.SRIOV_PF: {"use": "sriov_vgpu", "vgpus": [{"type": "NVIDIA A100-4C"}, {"type": 557}]},
+        "0000:e1:00.0": {"use": "mig", "mig": {"3g.40gb": 1, "1g.10gb": 2}},
+    }
+    args = {"gpus": gpus, "scheduler": "fixed_share", "root": str(nvidia)}
+    first = run_module(bare_python, "gpu_vgpu", args)
+    assert not first["failed"], first.get("msg")
+    assert [(v["vf"], v["type"]) for v in first["vgpus"]] == [(vh.SRIOV_VFS[0], 557), (vh.SRIOV_VFS[1], 557)]
+    assert first["mig"]["0000:e1:00.0"]["created"] == ["1g.10gb"]
+    assert first["scheduler"]["RmPVMRL"] == "0x11" and first["reboot_required"] is False
+    assert "run nvidia-smi mig -i 3 -cgi 19 -C" in " ".join(first["not_run"])
+    assert (nvidia / "etc/systemd/system/gpuprov-vgpu.service").exists()
+    # The copy of the planner is the one the module shipped: same files as the package's.
+    copied = sorted(p.relative_to(nvidia / BOOT_LIB / "gpuprov") for p in (nvidia / BOOT_LIB).rglob("*.py"))
+    assert Path("vgpu.py") in copied and Path("host/mig.py") in copied and Path("host/__init__.py") in copied
+    package = Path(__file__).resolve().parents[1] / "gpuprov"
+    for rel in copied:
+        assert (nvidia / BOOT_LIB / "gpuprov" / rel).read_text() == (package / rel).read_text(), rel
+    again = run_module(bare_python, "gpu_vgpu", args)
+    assert again["changed"] is False, again["plan"]
+
+
+def test_boot_planner_copy_runs_on_a_bare_python(bare_python, nvidia) -> None:  # noqa: F811
+    """What gpuprov-vgpu.service runs: the copied package, the saved layout, nothing else installed."""
+    gpus = {vh.SRIOV_PF: {"use": "sriov_vgpu", "vgpus": [{"type": "NVIDIA A100-4C"}, {"type": 557}]}}
+    assert not run_module(bare_python, "gpu_vgpu", {"gpus": gpus, "root": str(nvidia)})["failed"]
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(nvidia / BOOT_LIB)}
+    argv = [bare_python, "-m", "gpuprov.vgpu", "--root", str(nvidia), "--state", str(nvidia / STATE_FILE)]
+    check = subprocess.run([*argv, "--check"], env=env, capture_output=True, text=True, cwd="/", check=False)
+    assert check.returncode == 0, check.stderr
+    vf_types = [line for line in check.stdout.splitlines() if "current_vgpu_type" in line]
+    assert len(vf_types) == 2 and all("write '557'" in line for line in vf_types), check.stdout
+    before = tree_digest(nvidia)
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, cwd="/", check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("not run (root is not /): write '557'") == 2, run.stdout
+    assert tree_digest(nvidia) == before  # boot mode writes no file
+    # Python's own __pycache__ beside the copy is not a change to the copy.
+    assert list((nvidia / BOOT_LIB).rglob("__pycache__"))
+    assert run_module(bare_python, "gpu_vgpu", {"gpus": gpus, "root": str(nvidia)})["changed"] is False
+    (nvidia / STATE_FILE).write_text("{garbled")
+    broken = subprocess.run(argv, env=env, capture_output=True, text=True, cwd="/", check=False)
+    assert broken.returncode == 1 and "cannot read" in broken.stderr
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("mdevctl") or not shutil.which("unshare"),
+    reason="needs root, mdevctl and unshare (mdevctl reads only /etc/mdevctl.d: a private mount stands in)",
+)
+def test_mdevctl_reads_the_definitions(bare_python, mtty) -> None:  # noqa: F811
+    assert not run_module(bare_python, "gpu_vgpu", {"gpus": MTTY, "root": str(mtty)})["failed"]
+    conf = mtty / "etc/mdevctl.d"
+    for sub in ("scripts.d/callouts", "scripts.d/notifiers"):
+        (conf / sub).mkdir(parents=True, exist_ok=True)
+    script = f"mount --bind {conf} /etc/mdevctl.d && mdevctl list --defined --dumpjson"
+    out = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, check=False)
+    if out.returncode != 0 and "Operation not permitted" in out.stderr:
+        pytest.skip("no mount namespace here")
+    assert out.returncode == 0, out.stderr
+    defined = {uuid: d for parent in json.loads(out.stdout) for p in parent["mtty"] for uuid, d in p.items()}
+    assert defined == {
+        LAB_UUID: {"mdev_type": "mtty-2", "start": "auto", "attrs": []},
+        derived_uuid("mtty", "mtty-1", 0): {"mdev_type": "mtty-1", "start": "auto", "attrs": []},
+    }
