@@ -119,7 +119,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .cli import EXIT_NOT_READY, EXIT_OK, UsageError, host_root
     from .host.facts import gather
     from .host.sysfs import Sysfs
-    from .vms import plan_host, vm_list_from_document
+    from .vgpu import declared_mdevs
+    from .vms import check_declared_mdevs, plan_host, vm_list_from_document
 
     try:
         with open(args.vms, encoding="utf-8") as f:
@@ -141,6 +142,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with host_root(args.root) as root:
         facts = gather(Sysfs(root))
     plan = plan_host(facts, vm_list, settings)
+    if isinstance(doc, dict) and doc.get("gpuprov_gpus"):
+        # A host_vars file with the vGPU layout too: the VMs' mdevs must be the ones it makes.
+        declared, problems = declared_mdevs(facts, doc["gpuprov_gpus"])
+        plan.refusals.extend(problems)
+        check_declared_mdevs(plan, declared)
     report = plan_report(plan, args.root)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2 if sys.stdout.isatty() else None) + "\n")

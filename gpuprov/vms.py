@@ -950,6 +950,31 @@ def plan_host(facts: HostFacts, vm_list: list[Any], settings: HostSettings | Non
     return plan
 
 
+def check_declared_mdevs(plan: HostPlan, declared: dict[str, dict[str, str]]) -> None:
+    """VMs' mdevs against the vGPU layout (``gpuprov_gpus``, UUID -> {parent, type}, from
+    ``gpuprov.vgpu.declared_mdevs``): the role vgpu_host makes and keeps those; an mdev a VM
+    names that the layout lacks is made at start by gpu_vm but not again after a reboot."""
+    for vm in plan.vms:
+        if vm.state == "absent":
+            continue
+        for m in vm.mdevs:
+            want = declared.get(m.uuid)
+            if want is None:
+                plan.warnings.append(
+                    f"VM {vm.name}: mdev {m.uuid} ({m.type} on {m.parent}) is not in gpuprov_gpus: "
+                    "it is made when the VM starts, but nothing makes it again after a reboot"
+                )
+            elif (want["parent"], want["type"]) != (m.parent, m.type):
+                plan.refusals.append(
+                    Refusal(
+                        f"VM {vm.name}: mdev {m.uuid} is {m.type} on {m.parent}, but gpuprov_gpus declares it "
+                        f"as {want['type']} on {want['parent']}",
+                        "make the VM's mdev and the gpuprov_gpus entry agree",
+                        m.uuid,
+                    )
+                )
+
+
 def merge_defaults(defaults: dict[str, Any], vm: Any) -> Any:
     """``vm`` over ``defaults``; mappings (cloud_init, disk, boot) merge key by key, lists are replaced."""
     if not isinstance(vm, dict):

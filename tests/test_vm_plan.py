@@ -368,3 +368,32 @@ def test_plan_bad_input_exits_2(host_root, tmp_path, capsys, content, text) -> N
     assert text in capsys.readouterr().err
     assert main(["plan", str(tmp_path / "missing.yml")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_plan_checks_vm_mdevs_against_the_vgpu_layout(host_root, tmp_path, capsys) -> None:
+    """A host_vars file with gpuprov_gpus too: a VM's mdev must be what vgpu_host makes."""
+    root = host_root("mtty-mdev")
+    declared = "5e2bb1d2-6a4b-4c4e-9b1a-0f0e2d1c0b01"
+    stray = "5e2bb1d2-6a4b-4c4e-9b1a-0f0e2d1c0b02"
+    doc = {
+        "gpu_vms_reserved_memory_mib": 0,
+        "gpu_vms_reserved_cpus": "",
+        "gpuprov_gpus": {"mtty": {"use": "mdev", "mdevs": [{"type": "mtty-2", "uuid": declared}]}},
+        "gpu_vms_list": [
+            {"name": "a", "memory_mib": 128, "mdevs": [{"parent": "mtty", "type": "mtty-1", "uuid": declared}]},
+            {"name": "b", "memory_mib": 128, "mdevs": [{"parent": "mtty", "type": "mtty-1", "uuid": stray}]},
+        ],
+    }
+    before = tree_digest(root)
+    assert main(["plan", str(write(tmp_path / "host.yml", doc)), "--root", str(root), "--json"]) == 3
+    report = json.loads(capsys.readouterr().out)
+    assert [r["message"] for r in report["refusals"]] == [
+        f"VM a: mdev {declared} is mtty-1 on mtty, but gpuprov_gpus declares it as mtty-2 on mtty"
+    ]
+    assert any(f"VM b: mdev {stray} (mtty-1 on mtty) is not in gpuprov_gpus" in w for w in report["warnings"])
+    assert tree_digest(root) == before
+
+    doc["gpu_vms_list"] = doc["gpu_vms_list"][:1]
+    doc["gpu_vms_list"][0]["mdevs"][0]["type"] = "mtty-2"
+    assert main(["plan", str(write(tmp_path / "host.yml", doc)), "--root", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []
