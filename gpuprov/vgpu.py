@@ -53,11 +53,11 @@ import re
 import sys
 import time
 import uuid as uuidlib
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
 from .assess import VFIO_DRIVERS, held_open
+from .host.domains import read_running
 from .host.facts import HostFacts, gather
 from .host.mdev import MdevParent, MdevType
 from .host.mig import MigFacts, MigProfile, Runner, read_mig
@@ -86,7 +86,6 @@ MDEVCTL_RULE = "etc/udev/rules.d/60-mdevctl.rules"  # same name: overrides the p
 PACKAGED_MDEVCTL_RULES = ("usr/lib/udev/rules.d/60-mdevctl.rules", "lib/udev/rules.d/60-mdevctl.rules")
 MDEVCTL_PATHS = ("usr/sbin/mdevctl", "usr/bin/mdevctl", "sbin/mdevctl", "bin/mdevctl")
 SRIOV_MANAGE = "usr/lib/nvidia/sriov-manage"
-RUNNING_DOMAINS = "run/libvirt/qemu"
 NVIDIA_PARAMS = "proc/driver/nvidia/params"
 _HEADER = "# Managed by gpuprov (vgpu_host role / gpu_vgpu module); edits are overwritten.\n"
 # A fixed namespace: an mdev without a UUID gets the same one on every run.
@@ -332,42 +331,6 @@ class HostInputs:
     mdevctl_path: str | None = None  # where mdevctl is, root-relative
     boot_sources: dict[str, str] = field(default_factory=dict)  # package files the boot unit runs
     boot_files: dict[str, str] = field(default_factory=dict)  # what is under BOOT_LIB now
-
-
-def domain_devices(xml: str) -> list[str]:
-    """mdev UUIDs and PCI addresses a domain's (status) XML assigns.
-
-    :func:`gpuprov.virt.hostdev_sources` reads a domain's XML the same way; this small
-    copy keeps the boot planner's imports to the host modules (virt brings the domain
-    builder and the VM planner with it)."""
-    out = []
-    try:
-        root = ET.fromstring(xml)
-    except ET.ParseError:
-        return out
-    for hostdev in root.iter("hostdev"):
-        addr = hostdev.find("source/address")
-        if addr is None:
-            continue
-        if addr.get("uuid"):
-            out.append(addr.get("uuid", "").lower())
-            continue
-        try:
-            d, b, s, f = (int(addr.get(a, "0"), 0) for a in ("domain", "bus", "slot", "function"))
-        except ValueError:
-            continue
-        out.append(f"{d:04x}:{b:02x}:{s:02x}.{f:x}")
-    return out
-
-
-def read_running(sysfs: Sysfs) -> dict[str, str]:
-    """Device -> running domain, from libvirt's status XML (one file per running QEMU domain)."""
-    running: dict[str, str] = {}
-    for name in sysfs.listdir(RUNNING_DOMAINS):
-        if name.endswith(".xml"):
-            for device in domain_devices(sysfs.read(f"{RUNNING_DOMAINS}/{name}") or ""):
-                running[device] = name[: -len(".xml")]
-    return running
 
 
 def _import_closure(package: str, start: str) -> dict[str, str]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .domain import DomainConfig, PciPassthrough, build_domain, to_xml
+from .host.domains import domain_devices
 from .host.facts import HostFacts
 from .host.numa import parse_cpulist
 from .plan import COMMAND, REMOVE_FILE, WRITE_SYSFS, Action, Plan, Refusal, file_action
@@ -360,24 +361,6 @@ def diff_text(before: str, after: str, name: str) -> str:
     )
 
 
-def hostdev_sources(xml: str) -> list[str]:
-    """PCI addresses (``0000:41:00.0``) and mdev UUIDs a domain's XML assigns."""
-    out = []
-    for hostdev in ET.fromstring(xml).iter("hostdev"):
-        addr = hostdev.find("source/address")
-        if addr is None:
-            continue
-        if addr.get("uuid"):
-            out.append(addr.get("uuid", "").lower())
-            continue
-        try:
-            parts = [int(addr.get(a, "0"), 0) for a in _ADDRESS_ATTRS]
-        except ValueError:
-            continue
-        out.append(f"{parts[0]:04x}:{parts[1]:02x}:{parts[2]:02x}.{parts[3]:x}")
-    return out
-
-
 # ---------------------------------------------------------------- the plan
 
 
@@ -600,7 +583,7 @@ def other_assignments(conn: Any, name: str) -> dict[str, tuple[str, bool]]:
             xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
         except libvirt.libvirtError:
             continue
-        for device in hostdev_sources(xml):
+        for device in domain_devices(xml):
             out[device] = (dom.name(), bool(dom.isActive()))
     return out
 
