@@ -998,18 +998,27 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
 # ---------------------------------------------------------------- command line
 
 
+def option_error(live: bool, *, bench: bool, image: str | None, gpu_source: str) -> str | None:
+    """Why these options cannot go together (``None`` when they can). Shared by the
+    command line and the gpu_verify Ansible module; the words are the CLI's."""
+    if not live and bench:
+        return "--bench measures this machine's GPU: it cannot run on a --root capture; drop one of them"
+    if not live and image:
+        return "--image runs a container on this machine: it cannot go with --root; drop one of them"
+    if not live and gpu_source == "nvml":
+        return "--gpu-source nvml asks this machine's driver: it cannot go with --root"
+    return None
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from .cli import UsageError, host_root
 
     live = args.root == "/"
-    if not live and args.bench:
-        raise UsageError("--bench measures this machine's GPU: it cannot run on a --root capture; drop one of them")
-    if not live and args.image:
-        raise UsageError("--image runs a container on this machine: it cannot go with --root; drop one of them")
+    error = option_error(live, bench=args.bench, image=args.image, gpu_source=args.gpu_source)
+    if error:
+        raise UsageError(error)
     nvml: Any = _AUTO
     if args.gpu_source == "nvml":
-        if not live:
-            raise UsageError("--gpu-source nvml asks this machine's driver: it cannot go with --root")
         nvml = _import("pynvml")
         if nvml is None:
             raise UsageError("--gpu-source nvml: pynvml is not importable here; pip install nvidia-ml-py")

@@ -10,10 +10,12 @@ APT_PACKAGES=(python3 python3-venv python3-pip pciutils pci.ids)
 # virt-xml-validate (libvirt-clients + xmllint) checks the domain XML; the module
 # tests make overlays and seed ISOs; the real libvirt test runs libvirtd, QEMU
 # (TCG), OVMF and dnsmasq on an isolated network in a network namespace of its
-# own (iproute2), and builds its guest image with debootstrap (scripts/guest-image.sh).
+# own (iproute2), and builds its guest image with debootstrap (scripts/guest-image.sh);
+# the guest_container_toolkit scenario makes a test key with gpg and fetches
+# Debian packages for its offline directory (debian-archive-keyring).
 if [[ ,${1:-}, == *,test,* || ,${1:-}, == *,dev,* ]]; then
   APT_PACKAGES+=(gcc pkg-config python3-dev libvirt-dev libvirt-clients libxml2-utils qemu-utils genisoimage
-    libvirt-daemon-system qemu-system-x86 ovmf dnsmasq-base iptables iproute2 debootstrap openssh-client)
+    libvirt-daemon-system qemu-system-x86 ovmf dnsmasq-base iptables iproute2 debootstrap openssh-client gpg debian-archive-keyring)
 fi
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -1,0 +1,89 @@
+#!/usr/bin/python
+# Copyright: gpuprov contributors
+# Apache License 2.0
+"""Ansible module apt_components: add archive components to the distribution's apt entries."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: apt_components
+short_description: Add archive components (contrib, non-free, restricted...) to a guest's own apt entries
+description:
+  - Adds O(components) to every apt entry of the distribution's release O(codename) (suite C(codename)
+    or C(codename-*), carrying C(main)), in place, in whichever format the guest has, one-line
+    C(/etc/apt/sources.list) and C(*.list) files or deb822 C(*.sources) files (Debian 12's
+    C(debian.sources), Ubuntu 24.04's C(ubuntu.sources)).
+  - Third-party entries, disabled stanzas, comments and options are left as they are.
+  - Refuses, changing nothing, when no entry of the release is found.
+  - Does not run C(apt-get update); the role does when a file changed.
+version_added: "0.1.0"
+author: gpuprov contributors
+options:
+  codename:
+    description: The release's codename (C(ansible_facts.distribution_release)), e.g. C(bookworm), C(noble).
+    type: str
+    required: true
+  components:
+    description: Components the release's entries must carry, e.g. C([contrib, non-free, non-free-firmware]).
+    type: list
+    elements: str
+    required: true
+  root:
+    description: The guest's root; C(/) on a real guest, a staged root for dry runs and tests.
+    type: path
+    default: /
+notes:
+  - Check mode and C(--diff) show the edits and change nothing. Idempotent.
+"""
+
+EXAMPLES = r"""
+- name: The NVIDIA driver is in contrib and non-free on Debian
+  apt_components:
+    codename: "{{ ansible_facts['distribution_release'] }}"
+    components: [contrib, non-free, non-free-firmware]
+"""
+
+RETURN = r"""
+entries:
+  description: The release's entries found, with the components they had and those added.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{"path": "/etc/apt/sources.list.d/debian.sources", "suites": ["bookworm", "bookworm-updates"],
+            "components": ["main"], "added": ["contrib", "non-free", "non-free-firmware"]}]
+plan:
+  description: The file edits, as text (also in check mode).
+  returned: always
+  type: list
+  elements: str
+refusals:
+  description: Why the module refused, with the fix.
+  returned: failed
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuprov.guest.aptsources import plan_components
+from ansible.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible.module_utils.gpuprov.modsupport import finish
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "codename": {"type": "str", "required": True},
+            "components": {"type": "list", "elements": "str", "required": True},
+            "root": {"type": "path", "default": "/"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    plan, entries = plan_components(Sysfs(p["root"]), p["codename"], p["components"])
+    found = [{"path": "/" + e.path, "suites": e.suites, "components": e.components, "added": e.added} for e in entries]
+    finish(module, plan, p["root"], entries=found)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+#!/usr/bin/python
+# Copyright: gpuprov contributors
+# Apache License 2.0
+"""Ansible module apt_keyring: a binary OpenPGP keyring for apt's signed-by, from a URL or given bytes."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: apt_keyring
+short_description: Write a repository's signing key as a binary keyring for apt's signed-by
+description:
+  - Fetches the key from O(url) (on the target) or takes it from O(data), dearmors it when it is ASCII-armored
+    (as C(gpg --dearmor) does, without gpg on the target) and writes it to O(dest) when it differs.
+  - With O(fingerprint), refuses a key whose primary key has another fingerprint, writing nothing.
+  - Refuses data that is not an OpenPGP public key (an HTML error page, a truncated download), writing nothing.
+version_added: "0.1.0"
+author: gpuprov contributors
+options:
+  dest:
+    description: The keyring file, e.g. C(/etc/apt/keyrings/nvidia-container-toolkit.gpg).
+    type: path
+    required: true
+  url:
+    description: Where to fetch the key from (C(https://), C(http://) or C(file://)). One of O(url), O(data).
+    type: str
+  data:
+    description: The key itself, base64-encoded (armored or binary), e.g. from C(slurp) of a file on the controller.
+    type: str
+  fingerprint:
+    description: The primary key's expected fingerprint (hex, spaces allowed). Empty for no check.
+    type: str
+    default: ""
+  mode:
+    description: The keyring's file mode.
+    type: str
+    default: "0644"
+notes:
+  - Check mode reports whether the keyring would change and writes nothing.
+"""
+
+EXAMPLES = r"""
+- name: NVIDIA's container toolkit key
+  apt_keyring:
+    url: https://nvidia.github.io/libnvidia-container/gpgkey
+    dest: /etc/apt/keyrings/nvidia-container-toolkit.gpg
+"""
+
+RETURN = r"""
+fingerprints:
+  description: The primary keys' fingerprints in the keyring.
+  returned: success
+  type: list
+  elements: str
+  sample: ["C95B321B61E88C1809C4F759DDCAE044F796ECB0"]
+dest:
+  description: The keyring written.
+  returned: always
+  type: str
+"""
+
+import base64
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuprov.guest.keyring import (
+    KeyDataError,
+    dearmor,
+    fingerprints,
+    normalize_fingerprint,
+)
+from ansible.module_utils.urls import fetch_url
+
+
+def _write(path: str, data: bytes, mode: int) -> None:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpuprov-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "dest": {"type": "path", "required": True},
+            "url": {"type": "str"},
+            "data": {"type": "str", "no_log": False},
+            "fingerprint": {"type": "str", "default": ""},
+            "mode": {"type": "str", "default": "0644"},
+        },
+        required_one_of=[["url", "data"]],
+        mutually_exclusive=[["url", "data"]],
+        supports_check_mode=True,
+    )
+    p = module.params
+    source = p["url"] or "data"
+    if p["url"]:
+        response, info = fetch_url(module, p["url"], method="GET")
+        status = info.get("status")
+        if response is None or (isinstance(status, int) and status >= 400):
+            module.fail_json(
+                msg=f"could not fetch the key from {p['url']}: {info.get('msg', 'no answer')}, nothing changed; "
+                "check the guest reaches it, or give the key as a file on the controller",
+                dest=p["dest"],
+            )
+        raw = response.read()
+    else:
+        try:
+            raw = base64.b64decode(p["data"], validate=True)
+        except ValueError:
+            module.fail_json(msg="data is not base64 (give the key's bytes base64-encoded), nothing changed")
+    try:
+        mode = int(p["mode"], 8)
+    except ValueError:
+        module.fail_json(msg=f"mode {p['mode']!r} is not an octal file mode such as 0644, nothing changed")
+    try:
+        binary = dearmor(raw)
+        found = fingerprints(binary)
+    except KeyDataError as exc:
+        module.fail_json(
+            msg=f"the key from {source} is not an OpenPGP public key: {exc}, nothing changed", dest=p["dest"]
+        )
+    want = normalize_fingerprint(p["fingerprint"])
+    if want and want not in found:
+        module.fail_json(
+            msg=f"the key from {source} has fingerprint {', '.join(found)}, not the expected {want}, nothing changed: "
+            "the repository's key changed or the download was tampered with; check the publisher's announcement",
+            fingerprints=found,
+            dest=p["dest"],
+        )
+    try:
+        with open(p["dest"], "rb") as f:
+            current = f.read()
+        current_mode = os.stat(p["dest"]).st_mode & 0o7777
+    except OSError:
+        current, current_mode = None, None
+    changed = current != binary or current_mode != mode
+    if changed and not module.check_mode:
+        _write(p["dest"], binary, mode)
+    diff = {
+        "before": f"{p['dest']}: {'absent' if current is None else 'other key data'}\n" if changed else "",
+        "after": f"{p['dest']}: key {', '.join(found)}\n" if changed else "",
+    }
+    module.exit_json(changed=changed, fingerprints=found, dest=p["dest"], diff=diff)
+
+
+if __name__ == "__main__":
+    main()
