@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-SHARED_FILES = Path(__file__).resolve().parent / "_shared" / "files"
+SHARED = Path(__file__).resolve().parent / "_shared"
+SHARED_FILES = SHARED / "files"
+# The scenarios' tests import the shared checks (molecule/_shared/role_checks.py) by name.
+sys.path.insert(0, str(SHARED))
 
 
 @dataclass
@@ -89,7 +92,7 @@ def run_converge(hostname: str, extra_vars: dict | None = None, check: bool = Fa
     return run
 
 
-def fresh_root(host, path: str) -> str:
+def lay_out_root(host, path: str) -> str:
     """Lay out a scratch host root at path from this instance's capture."""
     capture = host.ansible.get_variables()["gpuprov_molecule_capture"]
     host.run_expect([0], "/usr/local/sbin/gpuprov-molecule-root %s %s", capture, path)
@@ -138,7 +141,7 @@ def converge(hostname):
 @pytest.fixture
 def scratch_root(host):
     """scratch_root(path) lays out a fresh host root from this instance's capture."""
-    return lambda path: fresh_root(host, path)
+    return lambda path: lay_out_root(host, path)
 
 
 @pytest.fixture
@@ -151,6 +154,24 @@ def digest(host):
 def outside_root(host):
     """outside_root(root) -> files written after prepare outside root (and Ansible's temp dirs)."""
     return lambda root: written_outside_root(host, root)
+
+
+@pytest.fixture
+def root_var() -> str:
+    """The role's host-root variable: the scenario is named after its role (vfio_host -> vfio_host_root)."""
+    return f"{os.environ['MOLECULE_SCENARIO_NAME']}_root"
+
+
+@pytest.fixture
+def root(hostvars, root_var) -> str:
+    """The staged host root this instance's converge ran against."""
+    return hostvars[root_var]
+
+
+@pytest.fixture
+def fresh_root(scratch_root):
+    """fresh_root(path) -> a fresh host root like the one converge started from (a scenario may override)."""
+    return scratch_root
 
 
 @pytest.fixture

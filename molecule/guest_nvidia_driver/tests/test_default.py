@@ -13,6 +13,7 @@ import base64
 import json
 
 import pytest
+from role_checks import RoleChecks
 
 KERNEL = "6.18.44-fc-v657-gpu"  # the capture's /proc/version
 BLACKLIST = "etc/modprobe.d/gpuprov-blacklist-nouveau.conf"
@@ -48,11 +49,6 @@ def put(host, path: str, text: str) -> None:
     """Write text to a file in the instance."""
     data = base64.b64encode(text.encode()).decode()
     host.run_expect([0], "echo %s | base64 -d > %s", data, path)
-
-
-@pytest.fixture
-def root(hostvars) -> str:
-    return hostvars["guest_nvidia_driver_root"]
 
 
 @pytest.fixture
@@ -272,25 +268,15 @@ def test_nouveau_loaded_means_reboot_required(host, guest_root, converge, allow,
         assert host.file(f"{root}/{BLACKLIST}").exists
 
 
-def test_files_do_not_name_the_root_they_were_written_under(host, root):
-    out = host.run("grep -rl -- %s %s/etc", root, root)
-    assert out.stdout == "", out.stdout
+class TestSharedChecks(RoleChecks):
+    """Only under the staged root, check mode right (molecule/_shared/role_checks.py)."""
 
+    @pytest.fixture
+    def fresh_root(self, guest_root):
+        return guest_root
 
-def test_captured_sysfs_and_procfs_untouched(root, scratch_root, digest):
-    pristine = scratch_root("/srv/pristine")
-    for sub in ("sys", "proc"):
-        assert digest(f"{root}/{sub}", mtimes=False) == digest(f"{pristine}/{sub}", mtimes=False), sub
-
-
-def test_nothing_written_outside_the_root(root, outside_root):
-    assert outside_root(root) == []
-
-
-def test_check_mode_on_a_fresh_guest_reports_changes_and_writes_nothing(guest_root, converge, digest, debian_only):
-    root = guest_root("/srv/check-fresh")
-    before = digest(root)
-    run = converge({"guest_nvidia_driver_root": root}, check=True)
-    assert run.failures == 0, run.output
-    assert run.changed > 0, run.output
-    assert digest(root) == before
+    def test_check_mode_on_a_fresh_root_reports_changes_and_writes_nothing(
+        self, converge, fresh_root, root_var, digest, debian_only
+    ):
+        check = super().test_check_mode_on_a_fresh_root_reports_changes_and_writes_nothing
+        check(converge, fresh_root, root_var, digest)

@@ -9,6 +9,7 @@ fixtures: molecule/conftest.py.
 from __future__ import annotations
 
 import pytest
+from role_checks import RoleChecks
 
 VFIO_MODULES = ["vfio", "vfio_iommu_type1", "vfio_pci"]
 GRUB_KEY = "GRUB_CMDLINE_LINUX_DEFAULT="
@@ -17,11 +18,6 @@ GRUB_KEY = "GRUB_CMDLINE_LINUX_DEFAULT="
 def config_lines(text: str) -> list[str]:
     """The lines of a config file that are neither blank nor comments."""
     return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-
-
-@pytest.fixture
-def root(hostvars) -> str:
-    return hostvars["iommu_host_root"]
 
 
 @pytest.fixture
@@ -80,41 +76,6 @@ def test_initramfs_modules_adds_vfio_and_keeps_the_rest(host, root, shared_file)
     assert [m for m in modules if m in VFIO_MODULES] == VFIO_MODULES, modules
 
 
-def test_files_do_not_name_the_root_they_were_written_under(host, root):
-    # They are read on the host itself after a reboot: paths in them must be the
-    # host's own, never the root the role was pointed at.
-    out = host.run("grep -rl -- %s %s/etc", root, root)
-    assert out.stdout == "", out.stdout
-
-
-def test_captured_sysfs_and_procfs_untouched(host, root, scratch_root, digest):
-    # Runtime writes (sysfs, modprobe) happen only when the root is /.
-    pristine = scratch_root("/srv/pristine")
-    for sub in ("sys", "proc"):
-        assert digest(f"{root}/{sub}", mtimes=False) == digest(f"{pristine}/{sub}", mtimes=False), sub
-
-
-def test_nothing_written_outside_the_root(host, root, outside_root):
-    assert outside_root(root) == []
-
-
-def test_check_mode_on_the_converged_host_reports_no_change(root, converge, digest):
-    before = digest(root)
-    run = converge(check=True)
-    assert run.failures == 0, run.output
-    assert run.changed == 0, (run.changed_tasks, run.output)
-    assert digest(root) == before
-
-
-def test_check_mode_on_a_fresh_host_reports_changes_and_writes_nothing(converge, scratch_root, digest):
-    scratch = scratch_root("/srv/check-fresh")
-    before = digest(scratch)
-    run = converge({"iommu_host_root": scratch}, check=True)
-    assert run.failures == 0, run.output
-    assert run.changed > 0, run.output
-    assert digest(scratch) == before
-
-
 def test_pending_reboot_fails_by_default(host, root, vendor, converge, scratch_root):
     """A host whose running kernel lacks the args fails with 'reboot required' unless told not to."""
     running = host.file(f"{root}/proc/cmdline").content_string.split()
@@ -126,3 +87,7 @@ def test_pending_reboot_fails_by_default(host, root, vendor, converge, scratch_r
         assert any("reboot required" in msg.lower() for msg in run.failed_msgs), run.failed_msgs
     else:
         assert run.failures == 0, run.output
+
+
+class TestSharedChecks(RoleChecks):
+    """Only under the staged root, check mode right (molecule/_shared/role_checks.py)."""

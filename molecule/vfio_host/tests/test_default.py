@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from role_checks import RoleChecks
 
 GPU = "0000:01:00.0"
 COMPANION = "0000:01:00.1"
@@ -36,11 +37,6 @@ def udev_rules(text: str) -> list[list[tuple[str, str, str]]]:
             tokens.append(m.groups())
         rules.append(tokens)
     return rules
-
-
-@pytest.fixture
-def root(hostvars) -> str:
-    return hostvars["vfio_host_root"]
 
 
 def test_modprobe_d_orders_vfio_pci_before_the_host_drivers(host, root):
@@ -84,39 +80,6 @@ def test_initramfs_hook_ships_the_rule_and_the_modprobe_file(host, root):
     assert f"/{MODPROBE}" in text, text
 
 
-def test_files_do_not_name_the_root_they_were_written_under(host, root):
-    out = host.run("grep -rl -- %s %s/etc", root, root)
-    assert out.stdout == "", out.stdout
-
-
-def test_captured_sysfs_untouched(root, scratch_root, digest):
-    # driver_override and bind/unbind are written only when the root is /.
-    pristine = scratch_root("/srv/pristine")
-    for sub in ("sys", "proc"):
-        assert digest(f"{root}/{sub}", mtimes=False) == digest(f"{pristine}/{sub}", mtimes=False), sub
-
-
-def test_nothing_written_outside_the_root(root, outside_root):
-    assert outside_root(root) == []
-
-
-def test_check_mode_on_the_converged_host_reports_no_change(root, converge, digest):
-    before = digest(root)
-    run = converge(check=True)
-    assert run.failures == 0, run.output
-    assert run.changed == 0, (run.changed_tasks, run.output)
-    assert digest(root) == before
-
-
-def test_check_mode_on_a_fresh_host_reports_changes_and_writes_nothing(converge, scratch_root, digest):
-    scratch = scratch_root("/srv/check-fresh")
-    before = digest(scratch)
-    run = converge({"vfio_host_root": scratch}, check=True)
-    assert run.failures == 0, run.output
-    assert run.changed > 0, run.output
-    assert digest(scratch) == before
-
-
 @pytest.mark.parametrize("check", [False, True], ids=["apply", "check"])
 def test_refuses_the_nic_with_the_default_route_and_writes_nothing(converge, scratch_root, digest, check):
     scratch = scratch_root("/srv/refuse")
@@ -140,3 +103,7 @@ def test_unbound_drops_the_boot_time_binding(host, converge, scratch_root):
         assert GPU not in kernels and COMPANION not in kernels, rules.content_string
     again = converge({"vfio_host_root": scratch, "vfio_host_state": "unbound"})
     assert again.failures == 0 and again.changed == 0, (again.changed_tasks, again.output)
+
+
+class TestSharedChecks(RoleChecks):
+    """Only under the staged root, check mode right (molecule/_shared/role_checks.py)."""

@@ -17,6 +17,7 @@ import configparser
 import json
 
 import pytest
+from role_checks import RoleChecks
 
 from gpuprov.vgpu import derived_uuid
 
@@ -25,11 +26,6 @@ MTTY_EXISTING = "83b8f4f2-509f-382f-3c1e-e6bfe0fa1001"
 STATE = "etc/gpuprov/vgpu.json"
 UNIT = "etc/systemd/system/gpuprov-vgpu.service"
 SCHEDULER = "etc/modprobe.d/gpuprov-vgpu-scheduler.conf"
-
-
-@pytest.fixture
-def root(hostvars) -> str:
-    return hostvars["vgpu_host_root"]
 
 
 @pytest.fixture
@@ -133,32 +129,6 @@ def test_boot_planner_copy_runs_on_the_instance_python(host, root, kind):
     assert run.rc == 0 and "not run (root is not /)" in run.stdout, run.stdout + run.stderr
 
 
-def test_captured_sysfs_untouched(root, kind, scratch, digest):
-    pristine = scratch("/srv/pristine")
-    for sub in ("sys", "proc"):
-        assert digest(f"{root}/{sub}", mtimes=False) == digest(f"{pristine}/{sub}", mtimes=False), sub
-
-
-def test_nothing_written_outside_the_root(root, outside_root):
-    assert outside_root(root) == []
-
-
-def test_check_mode_on_the_converged_host_reports_no_change(root, converge, digest):
-    before = digest(root)
-    run = converge(check=True)
-    assert run.failures == 0, run.output
-    assert run.changed == 0, (run.changed_tasks, run.output)
-    assert digest(root) == before
-
-
-def test_check_mode_on_a_fresh_root_reports_changes_and_writes_nothing(converge, scratch, digest):
-    fresh = scratch("/srv/check-fresh")
-    before = digest(fresh)
-    run = converge({"vgpu_host_root": fresh}, check=True)
-    assert run.failures == 0 and run.changed > 0, run.output
-    assert digest(fresh) == before
-
-
 REFUSALS = {
     "mtty-mdev": (
         {"mtty": {"use": "mdev", "mdevs": [{"type": "mtty-9"}]}},
@@ -196,3 +166,11 @@ def test_dropping_an_mdev_removes_its_definition(host, converge, scratch, kind):
     assert host.file(f"{fresh}/etc/mdevctl.d/mtty/{LAB_UUID}").exists
     again = converge({"vgpu_host_root": fresh, "vgpu_host_gpus": fewer})
     assert again.failures == 0 and again.changed == 0, (again.changed_tasks, again.output)
+
+
+class TestSharedChecks(RoleChecks):
+    """Only under the staged root, check mode right (molecule/_shared/role_checks.py)."""
+
+    @pytest.fixture
+    def fresh_root(self, scratch):
+        return scratch
