@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 
 class CommandError(RuntimeError):
@@ -77,6 +78,46 @@ def download(pkgs: dict[str, str], debs: Path) -> list[Path]:
             sh(["apt-get", "download", f"{name}={ver}"], cwd=debs)
         paths += debs.glob(pattern)
     return paths
+
+
+def deb_member(deb: Path, member: str) -> bytes:
+    """One file of a .deb (``./bin/busybox``), as bytes."""
+    with tempfile.TemporaryDirectory(prefix="gpuprov-deb-") as tmp:
+        sh(["dpkg-deb", "-x", str(deb), tmp])
+        path = Path(tmp, member)
+        if not path.is_file():
+            raise CommandError(f"{deb.name} has no file {member}")
+        return path.read_bytes()
+
+
+# A cpio entry: (path, mode, file data or symlink target[, (rdev major, rdev minor)]).
+CpioEntry = tuple[Any, ...]
+
+
+def cpio(entries: Iterable[CpioEntry], out: Path | BinaryIO) -> None:
+    """Write a newc cpio archive (what the kernel unpacks as an initramfs).
+
+    Done here rather than with cpio(1) so every file is root's and device nodes
+    such as /dev/console (the kernel opens it for PID 1) exist without root on the
+    build machine. Paths are relative (no leading /); parents come first."""
+    if isinstance(out, Path):
+        with open(out, "wb") as f:
+            cpio(entries, f)
+        return
+    ino = 1
+
+    def put(name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)) -> None:
+        nonlocal ino
+        raw = name.encode() + b"\0"
+        fields = (ino, mode, 0, 0, 1, 0, len(data), 0, 0, rdev[0], rdev[1], len(raw), 0)
+        out.write(("070701" + "".join(f"{v:08x}" for v in fields)).encode() + raw + b"\0" * (-(110 + len(raw)) % 4))
+        out.write(data + b"\0" * (-len(data) % 4))
+        ino += 1
+
+    for name, mode, data, *rdev in entries:
+        put(name, mode, data.encode() if isinstance(data, str) else data, *rdev)
+    put("TRAILER!!!", 0)
+    out.write(b"\0" * (-out.tell() % 512))
 
 
 def build_mtty(kver: str, ko: Path, debs: Path) -> Path:

@@ -24,10 +24,16 @@ The disk image is made only of Debian packages (debootstrap + apt, the build
 machine's own apt sources) and cached under ``${GPUPROV_CACHE:-~/.cache/gpuprov}/lab/``,
 keyed by the package versions and this file's image recipe; each boot runs on a
 copy-on-write overlay (``run/root.qcow2``), so ``up --fresh`` is a brand-new host
-in no time. The kernel's ``mtty`` sample mdev driver is built for the lab kernel
-and installed (not loaded). Building needs root (debootstrap, chroot); booting and SSH do not. QEMU's user network is
-``restrict=on``: nothing leaves the emulator but the forwarded SSH port on
-127.0.0.1. Never shipped to targets (uses subprocess).
+in no time. It holds what a GPU host runs VMs with (libvirt, QEMU, OVMF,
+python3-libvirt, mdevctl: role gpu_vms' package list, so its install step
+changes nothing) and the kernel's ``mtty`` sample mdev driver, built for the lab
+kernel and loaded at boot (it plays the GPU vendor's vGPU host driver). For the
+nested guest (TCG inside TCG) of inventories/lab it carries a tiny initramfs
+(busybox and an /init that lists the guest's PCI devices on its serial console);
+the guest's kernel is the lab's own. Building needs root (debootstrap, chroot);
+booting and SSH do not. QEMU's user network is ``restrict=on``: nothing leaves
+the emulator but the forwarded SSH port on 127.0.0.1. Never shipped to targets
+(uses subprocess).
 """
 
 from __future__ import annotations
@@ -37,9 +43,11 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -71,14 +79,21 @@ def default_port() -> int:
     return int(os.environ.get(PORT_ENV) or DEFAULT_PORT)
 
 
-def inventory_overrides(lab: Path, port: int) -> str | None:
-    """The -e options inventories/lab needs when the lab is not where it assumes (None when it is)."""
+def inventory_overrides(lab: Path, port: int) -> dict[str, object] | None:
+    """The variables inventories/lab needs when the lab is not where it assumes (None when it is),
+    for ``ansible-playbook -e JSON``."""
     if lab == Path.home() / ".cache/gpuprov/lab" and port == DEFAULT_PORT:
         return None
-    return (
-        f"-e ansible_port={port} -e ansible_ssh_private_key_file={lab}/id_ed25519 "
-        f"-e 'ansible_ssh_common_args=-o UserKnownHostsFile={lab}/known_hosts -o IdentitiesOnly=yes'"
-    )
+    return {
+        "ansible_port": port,
+        "ansible_ssh_private_key_file": f"{lab}/id_ed25519",
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={lab}/known_hosts -o IdentitiesOnly=yes",
+    }
+
+
+def overrides_option(extra: dict[str, object]) -> str:
+    """``-e '{...}'`` for a shell."""
+    return "-e " + shlex.quote(json.dumps(extra))
 
 
 def say(msg: str) -> None:
@@ -146,7 +161,22 @@ PACKAGES = [
     "grub-efi-amd64-bin",
     "sudo",  # the playbook has become: true
     "dbus",  # logind: `shutdown -r 0 MSG` (Ansible's reboot module) needs it
+    "python3-apt",  # Ansible's apt module: vgpu_host's mdevctl step finds it installed, offline
+    # What a GPU host runs its VMs with: role gpu_vms' Debian package list
+    # (roles/gpu_vms/vars/main.yml; tests/test_lab.py keeps the two in step), so its
+    # install step finds everything here and changes nothing.
+    "libvirt-daemon-system",
+    "libvirt-daemon-driver-qemu",
+    "qemu-system-x86",
+    "qemu-utils",
+    "ovmf",
+    "genisoimage",
+    "dnsmasq-base",
+    "python3-libvirt",
+    "mdevctl",  # the vGPU role persists mdevs as mdevctl definitions
 ]
+# Not installed: busybox-static goes into the nested guest's initramfs.
+NESTED_PACKAGES = ["busybox-static"]
 SUITE = "bookworm"
 GRUB_CMDLINE_LINUX = "console=ttyS0 panic=-1"
 # Debian 12's kernel (CONFIG_INTEL_IOMMU_DEFAULT_ON_INTGPU_OFF=y) turns the Intel
@@ -205,7 +235,74 @@ FILES = {
         "path-exclude=/usr/share/man/*\npath-exclude=/usr/share/info/*\npath-exclude=/usr/share/locale/*\n"
     ),
     "usr/sbin/policy-rc.d": "#!/bin/sh\nexit 101\n",  # no daemons start in the build chroot (removed after)
+    # mtty plays the GPU vendor's host driver: loaded at boot, it offers the mdev types.
+    "etc/modules-load.d/gpuprov-lab-mtty.conf": "# the lab's mdev parent (samples/vfio-mdev)\nmtty\n",
 }
+# libvirt's default NAT network would start dnsmasq on every boot: the lab's VMs have no NIC.
+REMOVED_FILES = ["etc/libvirt/qemu/networks/autostart/default.xml"]
+
+# The nested guest (inventories/lab: TCG inside the lab host's TCG): the lab's own
+# kernel (/vmlinuz; PCI and the 8250 serial console are built in) and this
+# initramfs: busybox and an /init that prints every PCI device it sees on ttyS0
+# between two markers (the playbook waits for them in the serial log), then stays
+# up until the ACPI power button (evdev + button modules), so a shutdown is quick.
+NESTED_INITRD = "var/lib/libvirt/boot/gpuprov-nested-initrd.img"
+NESTED_MODULES = ["kernel/drivers/input/evdev.ko", "kernel/drivers/acpi/button.ko"]
+NESTED_BEGIN, NESTED_END = "GPUPROV-NESTED-BEGIN", "GPUPROV-NESTED-END"
+NESTED_INIT = f"""\
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+echo {NESTED_BEGIN}
+for d in /sys/bus/pci/devices/*; do
+  read -r v < "$d/vendor"; read -r p < "$d/device"; read -r c < "$d/class"
+  echo "PCI ${{d##*/}} ${{v#0x}}:${{p#0x}} class $c"
+done
+echo {NESTED_END}
+for m in /lib/modules/*.ko; do insmod "$m"; done
+for i in 1 2 3 4 5 6 7 8 9 10; do
+  for e in /sys/class/input/event*; do
+    [ "$(cat "$e/device/name" 2>/dev/null)" = "Power Button" ] && button=/dev/input/${{e##*/}}
+  done
+  [ -n "$button" ] && [ -c "$button" ] && break
+  sleep 1
+done
+if [ -n "$button" ]; then
+  dd if="$button" of=/dev/null bs=64 count=1 2>/dev/null
+  echo "GPUPROV-NESTED: power button: powering off"
+  poweroff -f
+fi
+echo "GPUPROV-NESTED: no power button: staying up"
+while :; do sleep 3600; done
+"""
+
+
+def nested_initramfs(busybox: bytes, modules: dict[str, bytes]) -> list[debpkg.CpioEntry]:
+    """The nested guest's initramfs, as cpio entries (busybox, /init, the modules)."""
+    entries: list[debpkg.CpioEntry] = [
+        (d, stat.S_IFDIR | 0o755, b"") for d in ("bin", "dev", "lib", "lib/modules", "proc", "sys")
+    ]
+    entries += [
+        ("dev/console", stat.S_IFCHR | 0o600, b"", (5, 1)),  # the kernel opens it for PID 1
+        ("bin/busybox", stat.S_IFREG | 0o755, busybox),
+        ("init", stat.S_IFREG | 0o755, NESTED_INIT),
+    ]
+    entries += [(f"lib/modules/{name}", stat.S_IFREG | 0o644, data) for name, data in sorted(modules.items())]
+    return entries
+
+
+def build_nested_initrd(root: Path, kver: str, busybox_deb: Path) -> None:
+    busybox = debpkg.deb_member(busybox_deb, "bin/busybox")
+    modules = {Path(m).name: (root / "lib/modules" / kver / m).read_bytes() for m in NESTED_MODULES}
+    out = root / NESTED_INITRD
+    out.parent.mkdir(parents=True, exist_ok=True)
+    debpkg.cpio(nested_initramfs(busybox, modules), out)
+    out.chmod(0o644)
+
+
 EMBEDDED_GRUB_CFG = """\
 # Standalone GRUB (the lab's ESP): hand over to the root disk's grub.cfg,
 # which update-grub writes from /etc/default/grub, as on any Debian host.
@@ -296,6 +393,9 @@ def edit_grub_default(text: str) -> str:
 def build_rootfs(root: Path, pkgs: dict[str, str], kver: str, pubkey: str, mtty: Path, lab: Path, fs_uuid: str) -> None:
     mirror, security = debian_mirrors()
     cache = lab / "debs"
+    nested = {n: v for n, v in pkgs.items() if n in NESTED_PACKAGES}
+    pkgs = {n: v for n, v in pkgs.items() if n not in NESTED_PACKAGES}
+    (busybox_deb,) = debpkg.download(nested, cache)
     (cache / "debootstrap").mkdir(parents=True, exist_ok=True)
     say(f"debootstrap --variant=minbase {SUITE} ({mirror})")
     debpkg.sh(
@@ -337,8 +437,12 @@ def build_rootfs(root: Path, pkgs: dict[str, str], kver: str, pubkey: str, mtty:
             shutil.rmtree(root / "lib/modules" / kver / rel, ignore_errors=True)
         extra = root / "lib/modules" / kver / "extra"
         extra.mkdir(parents=True, exist_ok=True)
-        shutil.copy(mtty, extra / "mtty.ko")  # modprobe mtty when the vGPU role wants an mdev parent
+        shutil.copy(mtty, extra / "mtty.ko")  # loaded at boot (modules-load.d, FILES)
         chroot(root, "depmod", "-a", kver)
+        build_nested_initrd(root, kver, busybox_deb)
+        for rel in REMOVED_FILES:
+            with suppress(FileNotFoundError):
+                (root / rel).unlink()
         (root / "boot/grub").mkdir(exist_ok=True)  # grub-install would make it; update-grub writes into it
         grub = root / "etc/default/grub"
         if not grub.exists():  # written by grub-pc/grub-efi-amd64's postinst, which a lab does not need
@@ -499,7 +603,7 @@ def recipe_text() -> str:
 
 def image_key(lab: Path) -> tuple[str, dict[str, str], str, str]:
     """(cache key, package versions, kernel version, root's public key) from apt's view now."""
-    pkgs = debpkg.resolve(PACKAGES)
+    pkgs = debpkg.resolve(PACKAGES + NESTED_PACKAGES)
     kver = next(n for n in pkgs if n.startswith("linux-image-"))[len("linux-image-") :]
     pubkey = (ensure_key(lab).with_suffix(".pub")).read_text()
     h = hashlib.sha256()
@@ -739,7 +843,7 @@ def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float) -> int:
     say(f"up: SSH on 127.0.0.1:{port} after {boot:.0f} s of boot (image step {t_image:.0f} s)")
     extra = inventory_overrides(lab, port)
     if extra:
-        say(f"inventories/lab assumes ~/.cache/gpuprov/lab and port {DEFAULT_PORT}: add {extra}")
+        say(f"inventories/lab assumes ~/.cache/gpuprov/lab and port {DEFAULT_PORT}: add {overrides_option(extra)}")
     return 0
 
 
@@ -869,6 +973,8 @@ def status(lab: Path, as_json: bool) -> int:
         "lab_dir": str(lab),
         "console": str(run_dir(lab) / "console.log"),
         "ssh_key": str(lab / "id_ed25519"),
+        # What `ansible-playbook -i inventories/lab` needs as -e (JSON) here; null: nothing.
+        "inventory_overrides": inventory_overrides(lab, (state.get("port") if pid else None) or default_port()),
     }
     try:
         out["watchdog_resets"] = (run_dir(lab) / "watchdog.log").read_text().splitlines()
@@ -887,9 +993,9 @@ def status(lab: Path, as_json: bool) -> int:
         print(f"  watchdog: {line}")
     print(f"image key: {key} ({'cached' if out['image_cached'] else 'not built yet'})")
     print(f"lab dir: {lab}")
-    extra = inventory_overrides(lab, out["ssh_port"] or default_port())
+    extra = out["inventory_overrides"]
     if extra:
-        print(f"ansible-playbook -i inventories/lab needs: {extra}")
+        print(f"ansible-playbook -i inventories/lab needs: {overrides_option(extra)}")
     return 0
 
 

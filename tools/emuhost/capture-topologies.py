@@ -261,25 +261,8 @@ def download(pkgs):
 
 
 def cpio(entries, out):
-    """Write a newc cpio: entries are (path, mode, data or symlink target[, (major, minor)]).
-    Done here rather than with cpio(1) so owners are root and /dev/console exists
-    without needing root on the build machine."""
-    with open(out, "wb") as f:
-
-        def put(name, mode, data=b"", rdev=(0, 0)):
-            name = name.encode() + b"\0"
-            hdr = "070701" + "".join(
-                f"{v:08x}" for v in (put.ino, mode, 0, 0, 1, 0, len(data), 0, 0, rdev[0], rdev[1], len(name), 0)
-            )
-            put.ino += 1
-            f.write(hdr.encode() + name + b"\0" * (-(110 + len(name)) % 4))
-            f.write(data + b"\0" * (-len(data) % 4))
-
-        put.ino = 1
-        for name, mode, data, *rdev in entries:
-            put(name, mode, data.encode() if isinstance(data, str) else data, *rdev)
-        put("TRAILER!!!", 0)
-        f.write(b"\0" * (-f.tell() % 512))
+    """A newc cpio (debpkg.cpio: root-owned files, /dev/console without root)."""
+    debpkg.cpio(entries, Path(out))
 
 
 def tree_entries(root, prefix="."):

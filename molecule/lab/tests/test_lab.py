@@ -1,18 +1,24 @@
 """The lab host after converge and idempotence: the IOMMU on through its own GRUB,
 edu A and edu B (+ its HD-audio function) on vfio-pci with /dev/vfio groups,
-edu C refused (its IOMMU group holds the NIC with the default route), and the
-binding back from boot after another reboot.
+edu C refused (its IOMMU group holds the NIC with the default route), the mtty
+mdev made and defined for boot by the vGPU role, and the nested guest (TCG in
+TCG) running with edu A and that mdev: it lists both on its serial console, and
+libvirt and QEMU hold both. Then the mdev's lifecycle: removing it while the
+running guest uses it is refused, it and the bindings come back after a reboot,
+and once the guest is off the vGPU role removes it (and then changes nothing).
 
 Addresses (inventories/lab/host_vars/lab-gpu-host.yml, QEMU topology in
 gpuprov/lab.py): edu A 0000:01:00.0 alone behind a root port; edu B 0000:02:00.0
 with HD audio 0000:02:00.1 behind another; edu C 0000:04:01.0 and the e1000
 0000:04:02.0 behind the PCIe-to-PCI bridge 0000:03:00.0. The tests run in file
-order: the refusal and the reboot come last.
+order: the refusals, the reboot and the removal come last.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +27,15 @@ import pytest
 
 EDU_A, EDU_B, AUDIO_B = "0000:01:00.0", "0000:02:00.0", "0000:02:00.1"
 EDU_C, NIC, BRIDGE = "0000:04:01.0", "0000:04:02.0", "0000:03:00.0"
+VM = "lab-nested"
+MDEV = "5e2bb1d2-6a4b-4c4e-9b1a-0f0e2d1c0b01"
+SERIAL_LOG = f"/var/log/libvirt/qemu/{VM}-serial.log"
+# samples/vfio-mdev/mtty.c: vendor 0x4348, device 0x3253, class 07 00 02 (a 16550 serial port).
+MTTY_IDS = "4348:3253"
+EDU_IDS = "1234:11e8"
+# The vGPU role alone, with the mdev dropped (-e replaces gpuprov_gpus).
+VGPU_PLAY = Path(__file__).resolve().parents[1] / "vgpu.yml"
+NO_MDEV = {"gpuprov_gpus": {"mtty": {"use": "mdev", "mdevs": []}}}
 BOUND = [EDU_A, EDU_B, AUDIO_B]
 HOST_DRIVERS = {EDU_C: None, NIC: "e1000"}
 MANAGED = [
@@ -58,13 +73,46 @@ def snapshot(host) -> str:
     )
 
 
-def adhoc(*args: str) -> subprocess.CompletedProcess:
-    """`ansible gpu_hosts ...` with this scenario's inventory (inventories/lab, linked) and ansible.cfg."""
+def _ansible(tool: str, *args: str) -> subprocess.CompletedProcess:
+    """An Ansible command with this scenario's inventory (inventories/lab, linked) and ansible.cfg."""
     inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
-    ansible = Path(sys.executable).with_name("ansible")
-    cmd = [str(ansible if ansible.exists() else "ansible"), "-i", inventory, "gpu_hosts", *args]
+    path = Path(sys.executable).with_name(tool)
+    cmd = [str(path if path.exists() else tool), "-i", inventory, *args]
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, check=False)
+
+
+def adhoc(*args: str) -> subprocess.CompletedProcess:
+    """`ansible gpu_hosts ...`."""
+    return _ansible("ansible", "gpu_hosts", *args)
+
+
+def vgpu_role(extra_vars: dict) -> tuple[int, int, str]:
+    """The vGPU role alone (molecule/lab/vgpu.yml) with extra variables: (rc, changed, output)."""
+    run = _ansible("ansible-playbook", str(VGPU_PLAY), "-e", json.dumps(extra_vars))
+    out = run.stdout + run.stderr
+    recap = re.search(r"lab-gpu-host\s+:.*changed=(\d+)", out)
+    return run.returncode, int(recap.group(1)) if recap else -1, out
+
+
+def nested_pci(host) -> list[str]:
+    """The nested guest's PCI list from its serial log: the lines between its /init's markers."""
+    log = host.file(SERIAL_LOG).content_string.replace("\r\n", "\n")
+    block = re.search(r"^GPUPROV-NESTED-BEGIN\n(.*?)^GPUPROV-NESTED-END$", log, re.M | re.S)
+    assert block, log
+    return block.group(1).splitlines()
+
+
+def mdev_state(host) -> str:
+    """The mdevs, their mdevctl definitions and the vGPU role's saved layout."""
+    return host.check_output(
+        "ls /sys/bus/mdev/devices; for f in /etc/mdevctl.d/*/*; do echo $f; cat $f; done 2>/dev/null; "
+        "cat /etc/gpuprov/vgpu.json 2>/dev/null; true"
+    )
+
+
+def domstate(host) -> str:
+    return host.check_output("virsh -c qemu:///system domstate %s", VM).strip()
 
 
 def test_iommu_came_on_through_the_hosts_own_grub(host):
@@ -115,6 +163,51 @@ def test_binding_from_boot_is_configured(host):
     assert any(p.endswith("/vfio-pci.ko") for p in initramfs)
 
 
+def test_the_nested_guest_lists_edu_a_and_the_mdev_on_its_console(host):
+    lines = nested_pci(host)
+    assert all(
+        re.fullmatch(r"PCI [0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7] [0-9a-f]{4}:[0-9a-f]{4} class 0x[0-9a-f]{6}", x)
+        for x in lines
+    ), lines
+    ids = [x.split()[2] for x in lines]
+    assert ids.count(EDU_IDS) == 1, lines  # edu A only: B and C stay on the lab host
+    assert any(x.split()[2:] == [MTTY_IDS, "class", "0x070002"] for x in lines), lines
+
+
+def test_libvirt_and_qemu_hold_edu_a_and_the_mdev(host):
+    assert domstate(host) == "running"
+    xml = host.check_output("virsh -c qemu:///system dumpxml %s", VM)
+    assert re.search(
+        r"<hostdev mode='subsystem' type='pci' managed='yes'>\s*<driver name='vfio'/>\s*<source>\s*"
+        r"<address domain='0x0000' bus='0x01' slot='0x00' function='0x0'/>",
+        xml,
+    ), xml
+    assert re.search(
+        rf"<hostdev mode='subsystem' type='mdev'[^>]*model='vfio-pci'[^>]*>\s*<source>\s*"
+        rf"<address uuid='{MDEV}'/>",
+        xml,
+    ), xml
+    argv = host.check_output("ps -o args= -C qemu-system-x86_64")
+    assert f'"host":"{EDU_A}"' in argv and f'"sysfsdev":"/sys/bus/mdev/devices/{MDEV}"' in argv, argv
+    # QEMU has both IOMMU groups open: edu A's (vfio-pci) and the mdev's.
+    assert driver(host, EDU_A) == "vfio-pci"
+    fds = host.check_output("ls -l /proc/$(pgrep -o -f 'guest=%s')/fd", VM)
+    mdev_group = os.path.basename(host.check_output("readlink /sys/bus/mdev/devices/%s/iommu_group", MDEV))
+    for vfio_group in (group(host, EDU_A), mdev_group):
+        assert f"/dev/vfio/{vfio_group}" in fds.split(), fds
+
+
+def test_the_mdev_exists_and_is_defined_for_boot(host):
+    assert os.path.basename(host.check_output("readlink /sys/bus/mdev/devices/%s/mdev_type", MDEV)) == "mtty-2"
+    # mtty's own mdev driver: a vfio device, its own IOMMU group, /dev/vfio/N for QEMU.
+    assert os.path.basename(host.check_output("readlink /sys/bus/mdev/devices/%s/driver", MDEV)) == "mtty"
+    mdev_group = os.path.basename(host.check_output("readlink /sys/bus/mdev/devices/%s/iommu_group", MDEV))
+    assert char_device(host, f"/dev/vfio/{mdev_group}")
+    definition = json.loads(host.file(f"/etc/mdevctl.d/mtty/{MDEV}").content_string)
+    assert definition["mdev_type"] == "mtty-2" and definition["start"] == "auto", definition
+    assert f"{MDEV} mtty mtty-2 auto" in host.check_output("mdevctl list --defined")
+
+
 def test_edu_sharing_a_group_with_the_default_route_nic_is_refused(host):
     before = snapshot(host)
     run = adhoc("-m", "vfio_bind", "-a", f"devices={EDU_C}")
@@ -123,6 +216,15 @@ def test_edu_sharing_a_group_with_the_default_route_nic_is_refused(host):
     assert "refused, nothing changed" in out, out
     assert f"{NIC} is NIC ens2, which carries the default route" in out, out
     assert snapshot(host) == before
+
+
+def test_removing_the_mdev_the_running_guest_uses_is_refused(host):
+    before = mdev_state(host)
+    rc, changed, out = vgpu_role(NO_MDEV)
+    assert rc != 0 and changed == 0, out
+    assert "refused" in out and f"running domain {VM}" in out and MDEV in out, out
+    assert mdev_state(host) == before
+    assert domstate(host) == "running"
 
 
 def test_binding_persists_across_a_reboot(host):
@@ -138,3 +240,18 @@ def test_binding_persists_across_a_reboot(host):
     }
     for addr in (EDU_A, EDU_B):
         assert char_device(host, f"/dev/vfio/{group(host, addr)}"), addr
+    # The mdev too (mdevctl starts its definition when mtty appears at boot); the guest,
+    # shut down with the host (libvirt-guests, ACPI), stays off (no autostart).
+    assert os.path.basename(host.check_output("readlink /sys/bus/mdev/devices/%s/mdev_type", MDEV)) == "mtty-2"
+    assert domstate(host) == "shut off"
+
+
+def test_the_dropped_mdev_is_removed_once_the_guest_is_off(host):
+    assert domstate(host) == "shut off"
+    rc, changed, out = vgpu_role(NO_MDEV)
+    assert rc == 0 and changed >= 1, out
+    assert not host.file(f"/sys/bus/mdev/devices/{MDEV}").exists
+    assert not host.file(f"/etc/mdevctl.d/mtty/{MDEV}").exists
+    assert MDEV not in host.check_output("mdevctl list --defined; mdevctl list")
+    rc, changed, out = vgpu_role(NO_MDEV)
+    assert rc == 0 and changed == 0, out

@@ -1,0 +1,217 @@
+"""gpuprov lab's pieces that need no emulator: the nested guest's initramfs and the
+output of its /init against the checks inventories/lab makes, the image's cache
+key, the package lists the lab image and role gpu_vms share, the -e overrides.
+
+The whole lab, booted for real, is molecule/lab (its tests/test_lab.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuprov import debpkg, lab
+from gpuprov.vms import parse_vm
+
+REPO = Path(__file__).resolve().parents[1]
+HOST_VARS = REPO / "inventories/lab/host_vars/lab-gpu-host.yml"
+EDU = ("1234", "11e8", "0x00ff00")
+MTTY = ("4348", "3253", "0x070002")  # samples/vfio-mdev/mtty.c: vconfig[0x0] = 0x32534348, class 07 00 02
+
+
+def read_newc(data: bytes) -> list[dict]:
+    """Parse a newc cpio (what the kernel unpacks), entry by entry."""
+    out, pos = [], 0
+    while True:
+        assert data[pos : pos + 6] == b"070701", f"bad magic at {pos}"
+        f = [int(data[pos + 6 + 8 * i : pos + 14 + 8 * i], 16) for i in range(13)]
+        namesize, filesize = f[11], f[6]
+        name = data[pos + 110 : pos + 110 + namesize - 1].decode()
+        pos += 110 + namesize
+        pos += -pos % 4
+        body = data[pos : pos + filesize]
+        pos += filesize
+        pos += -pos % 4
+        if name == "TRAILER!!!":
+            return out
+        out.append({"name": name, "mode": f[1], "uid": f[2], "gid": f[3], "data": body, "rdev": (f[9], f[10])})
+
+
+def host_vars() -> dict:
+    return yaml.safe_load(HOST_VARS.read_text())
+
+
+def nested_vm() -> dict:
+    (check,) = host_vars()["gpu_vms_console_checks"]
+    return next(vm for vm in host_vars()["gpu_vms_list"] if vm["name"] == check["vm"])
+
+
+# ---------------------------------------------------------------- the nested guest's initramfs
+
+
+def test_cpio_is_what_the_kernel_and_cpio_read(tmp_path: Path) -> None:
+    entries = [
+        ("dev", stat.S_IFDIR | 0o755, b""),
+        ("dev/console", stat.S_IFCHR | 0o600, b"", (5, 1)),
+        ("init", stat.S_IFREG | 0o755, "#!/bin/sh\n"),
+        ("odd", stat.S_IFREG | 0o644, b"12345"),  # a length that needs padding
+        ("sh", stat.S_IFLNK | 0o777, "bin/busybox"),
+    ]
+    out = tmp_path / "x.cpio"
+    debpkg.cpio(entries, out)
+    data = out.read_bytes()
+    assert len(data) % 512 == 0
+    got = read_newc(data)
+    assert [e["name"] for e in got] == [e[0] for e in entries]
+    assert all(e["uid"] == 0 and e["gid"] == 0 for e in got)
+    assert got[1]["rdev"] == (5, 1) and stat.S_ISCHR(got[1]["mode"])
+    assert got[2]["data"] == b"#!/bin/sh\n" and got[3]["data"] == b"12345" and got[4]["data"] == b"bin/busybox"
+    if shutil.which("cpio"):
+        listing = subprocess.run(["cpio", "-itv"], input=data, capture_output=True, check=True).stdout.decode()
+        console = next(line for line in listing.splitlines() if line.endswith(" dev/console"))
+        assert console.startswith("crw-------") and " root " in console and "5,   1" in console, listing
+
+
+def test_nested_initramfs_holds_init_busybox_console_and_the_power_button_modules() -> None:
+    modules = {"evdev.ko": b"EVDEV", "button.ko": b"BUTTON"}
+    entries = {e[0]: e for e in lab.nested_initramfs(b"BUSYBOX", modules)}
+    names = list(entries)
+    for name in names:  # parents before children: the kernel does not make directories
+        parent = name.rpartition("/")[0]
+        assert not parent or names.index(parent) < names.index(name), name
+    assert entries["init"][1] == stat.S_IFREG | 0o755 and entries["init"][2].startswith("#!/bin/busybox sh\n")
+    assert entries["bin/busybox"][1:3] == (stat.S_IFREG | 0o755, b"BUSYBOX")
+    assert entries["dev/console"][1] == stat.S_IFCHR | 0o600 and entries["dev/console"][3] == (5, 1)
+    assert entries["lib/modules/evdev.ko"][2] == b"EVDEV" and entries["lib/modules/button.ko"][2] == b"BUTTON"
+    assert sorted(Path(m).name for m in lab.NESTED_MODULES) == sorted(modules)
+
+
+def fake_pci(root: Path, devices: dict[str, tuple[str, str, str]]) -> Path:
+    pci = root / "sys/bus/pci/devices"
+    for addr, (vendor, device, cls) in devices.items():
+        d = pci / addr
+        d.mkdir(parents=True)
+        for name, value in (("vendor", f"0x{vendor}"), ("device", f"0x{device}"), ("class", cls)):
+            (d / name).write_text(value + "\n")
+    return pci
+
+
+def init_listing(pci: Path) -> str:
+    """The part of the nested /init that lists the PCI devices, run with this machine's sh
+    against a fake sysfs, as the serial console shows it (CR LF line ends)."""
+    lines = lab.NESTED_INIT.splitlines()
+    begin = lines.index(f"echo {lab.NESTED_BEGIN}")
+    end = lines.index(f"echo {lab.NESTED_END}")
+    script = "\n".join(lines[begin : end + 1]).replace("/sys/bus/pci/devices", str(pci))
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    return out.replace("\n", "\r\n")
+
+
+@pytest.fixture
+def checks() -> dict:
+    (check,) = host_vars()["gpu_vms_console_checks"]
+    return check
+
+
+def test_the_lab_checks_pass_on_what_init_prints(tmp_path: Path, checks: dict) -> None:
+    pci = fake_pci(
+        tmp_path,
+        {
+            "0000:00:00.0": ("8086", "29c0", "0x060000"),
+            "0000:00:01.0": ("1b36", "000c", "0x060400"),
+            "0000:01:00.0": EDU,
+            "0000:02:00.0": MTTY,
+        },
+    )
+    console = "[    1.0] early kernel line\r\n" + init_listing(pci) + "GPUPROV-NESTED: power button: powering off\r\n"
+    assert "PCI 0000:01:00.0 1234:11e8 class 0x00ff00\r\n" in console
+    assert re.search(checks["wait_for"], console, re.M)
+    for pattern in checks["expect"]:
+        assert re.search(pattern, console, re.M), pattern
+
+
+@pytest.mark.parametrize(("missing", "seen"), [("0000:01:00.0", MTTY), ("0000:02:00.0", EDU)])
+def test_the_lab_checks_fail_without_the_edu_or_the_mdev(tmp_path: Path, checks: dict, missing: str, seen) -> None:
+    devices = {"0000:00:00.0": ("8086", "29c0", "0x060000"), "0000:01:00.0": EDU, "0000:02:00.0": MTTY}
+    del devices[missing]
+    console = init_listing(fake_pci(tmp_path, devices))
+    # Every check names one device: exactly the one that is there passes.
+    passed = [p for p in checks["expect"] if re.search(p, console, re.M)]
+    assert len(passed) == 1 and f"{seen[0]}:{seen[1]}" in passed[0], passed
+
+
+def test_a_device_printed_outside_the_markers_does_not_count(checks: dict) -> None:
+    console = "PCI 0000:01:00.0 1234:11e8 class 0x00ff00\r\nGPUPROV-NESTED-BEGIN\r\nGPUPROV-NESTED-END\r\n"
+    assert not any(re.search(p, console, re.M) for p in checks["expect"])
+
+
+# ---------------------------------------------------------------- inventories/lab and the image
+
+
+def test_the_nested_guest_boots_what_the_image_carries() -> None:
+    vm = nested_vm()
+    spec, problems = parse_vm(vm)
+    assert problems == [] and spec is not None
+    assert spec.boot is not None
+    assert spec.boot.kernel == "/vmlinuz"  # the lab's own kernel (linux-image's symlink)
+    assert spec.boot.initrd == "/" + lab.NESTED_INITRD
+    assert "console=ttyS0" in (spec.boot.cmdline or "").split()
+    assert spec.network is None and spec.disk is None and spec.cloud_init is None  # nothing to wait for
+    gpus = host_vars()["gpuprov_gpus"]
+    assert [g.address for g in spec.gpus] == ["0000:01:00.0"] and gpus["0000:01:00.0"]["use"] == "passthrough"
+    # The mdev the vGPU role makes (and keeps) is the one the guest gets.
+    assert [(m.parent, m.type, m.uuid) for m in spec.mdevs] == [
+        ("mtty", d["type"], d["uuid"]) for d in gpus["mtty"]["mdevs"]
+    ]
+
+
+def test_the_image_has_every_package_role_gpu_vms_installs_on_debian() -> None:
+    role_vars = yaml.safe_load((REPO / "roles/gpu_vms/vars/main.yml").read_text())
+    wanted = role_vars["__gpu_vms_packages"]["Debian"] + role_vars["__gpu_vms_python_packages"]["Debian"]
+    assert set(wanted) <= set(lab.PACKAGES), set(wanted) - set(lab.PACKAGES)
+    assert "mdevctl" in lab.PACKAGES  # vgpu_host persists mdevs with it
+    assert "python3-apt" in lab.PACKAGES  # Ansible's apt module, offline
+
+
+def test_the_cache_key_covers_the_nested_guest_and_the_packages(monkeypatch, tmp_path: Path) -> None:
+    recipe = lab.recipe_text()
+    for part in (
+        "PACKAGES = [",
+        "NESTED_PACKAGES",
+        "NESTED_INIT = ",
+        "def nested_initramfs",
+        "def build_nested_initrd",
+    ):
+        assert part in recipe, part
+    versions = {n: "1.0" for n in lab.PACKAGES + lab.NESTED_PACKAGES}
+    versions["linux-image-6.1.0-99-amd64"] = versions.pop("linux-image-amd64")
+    monkeypatch.setattr(lab, "ensure_key", lambda _lab: _write_key(tmp_path))
+    monkeypatch.setattr(debpkg, "resolve", lambda names: dict(versions))
+    key, pkgs, kver, _pubkey = lab.image_key(tmp_path)
+    assert kver == "6.1.0-99-amd64" and "busybox-static" in pkgs
+    versions["busybox-static"] = "1.1"
+    assert lab.image_key(tmp_path)[0] != key
+
+
+def _write_key(tmp: Path) -> Path:
+    key = tmp / "id_ed25519"
+    key.with_suffix(".pub").write_text("ssh-ed25519 AAAA test\n")
+    return key
+
+
+def test_inventory_overrides_are_json_for_ansible_playbook(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    default = tmp_path / ".cache/gpuprov/lab"
+    assert lab.inventory_overrides(default, lab.DEFAULT_PORT) is None
+    extra = lab.inventory_overrides(tmp_path / "elsewhere", 2600)
+    assert extra is not None and extra["ansible_port"] == 2600
+    assert extra["ansible_ssh_private_key_file"] == f"{tmp_path}/elsewhere/id_ed25519"
+    option = shlex.split(lab.overrides_option(extra))
+    assert option[0] == "-e" and json.loads(option[1]) == extra
