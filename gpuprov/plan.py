@@ -12,6 +12,7 @@ sysfs files.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import tempfile
@@ -31,6 +32,8 @@ class Action:
     before: str | None = None  # current file content (None: absent), for --diff
     mode: int = 0o644
     argv: list[str] | None = None
+    # --diff shows one line for it, not its text (a copy of gpuprov's own source: thousands of lines).
+    brief_diff: bool = False
 
     @property
     def live_only(self) -> bool:
@@ -77,18 +80,28 @@ class Plan:
         prefix = root.rstrip("/")
         for a in self.actions:
             if a.kind in (WRITE_FILE, REMOVE_FILE):
+                before, after = a.before or "", (a.content or "") if a.kind == WRITE_FILE else ""
+                if a.brief_diff:
+                    before, after = (_brief(t) for t in (before, after))
                 out.append(
                     {
                         "before_header": f"{prefix}/{a.path}",
                         "after_header": f"{prefix}/{a.path}",
-                        "before": a.before or "",
-                        "after": a.content if a.kind == WRITE_FILE else "",
+                        "before": before,
+                        "after": after,
                     }
                 )
         return out
 
     def describe(self) -> list[str]:
         return [a.describe() for a in self.actions]
+
+
+def _brief(text: str) -> str:
+    if not text:
+        return ""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return f"({len(text.splitlines())} lines, sha256 {digest}...)\n"
 
 
 def file_action(path: str, content: str | None, before: str | None, why: str, mode: int = 0o644) -> Action | None:

@@ -1303,10 +1303,13 @@ def _persistence(
     for path, text in sorted(wanted_sources.items()):
         action = file_action(path, text, inputs.boot_files.get(path), "the planner the boot unit runs")
         if action:
+            action.brief_diff = True
             plan.actions.append(action)
     for path, text in sorted(inputs.boot_files.items()):
         if path not in wanted_sources:
-            plan.actions.append(Action(REMOVE_FILE, "not part of the boot planner", path=path, before=text))
+            plan.actions.append(
+                Action(REMOVE_FILE, "not part of the boot planner", path=path, before=text, brief_diff=True)
+            )
     unit_action = file_action(
         BOOT_UNIT, boot_unit() if needs_boot else None, inputs.files.get(BOOT_UNIT), "re-apply VF types and MIG at boot"
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -77,6 +78,11 @@ def test_nvidia_host_layout_scheduler_and_boot_unit(bare_python, nvidia) -> None
         "0000:e1:00.0": {"use": "mig", "mig": {"3g.40gb": 1, "1g.10gb": 2}},
     }
     args = {"gpus": gpus, "scheduler": "fixed_share", "root": str(nvidia)}
+    # --diff names each copied source file in one line, not its thousands of lines.
+    dry = run_module(bare_python, "gpu_vgpu", args, check=True)
+    assert f"+++ after: {nvidia}/{BOOT_LIB}/gpuprov/vgpu.py" in dry["stdout"]
+    assert re.search(r"\+\(\d+ lines, sha256 [0-9a-f]{12}\.\.\.\)", dry["stdout"]), dry["stdout"][-2000:]
+    assert "def plan_vgpu" not in dry["stdout"]
     first = run_module(bare_python, "gpu_vgpu", args)
     assert not first["failed"], first.get("msg")
     assert [(v["vf"], v["type"]) for v in first["vgpus"]] == [(vh.SRIOV_VFS[0], 557), (vh.SRIOV_VFS[1], 557)]
