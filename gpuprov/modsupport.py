@@ -13,6 +13,23 @@ from .host.sysfs import Sysfs
 from .plan import ApplyError, Plan, apply
 
 
+def failed_result(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` for ``fail_json``: all but ``changed``."""
+    return {k: v for k, v in result.items() if k != "changed"}
+
+
+def warn_or_refuse(module: Any, plan: Any, result: dict[str, Any]) -> None:
+    """Pass the plan's warnings on; fail the module, with every refusal and its fix, when it refused."""
+    for warning in plan.warnings:
+        module.warn(warning)
+    if plan.refused:
+        module.fail_json(
+            msg=plan.refusal_text(),
+            refusals=[{"message": r.message, "fix": r.fix, "device": r.device} for r in plan.refusals],
+            **failed_result(result),
+        )
+
+
 def finish(module: Any, plan: Plan, root: str, **extra: Any) -> None:
     """Exit the module: refuse, report (check mode) or apply ``plan``.
 
@@ -22,14 +39,7 @@ def finish(module: Any, plan: Plan, root: str, **extra: Any) -> None:
     ``warnings`` and the file diff when ``--diff`` is on.
     """
     result: dict[str, Any] = {"changed": False, "plan": plan.describe(), "not_run": [], "root": root, **extra}
-    for warning in plan.warnings:
-        module.warn(warning)
-    if plan.refused:
-        module.fail_json(
-            msg=plan.refusal_text(),
-            refusals=[{"message": r.message, "fix": r.fix, "device": r.device} for r in plan.refusals],
-            **{k: v for k, v in result.items() if k != "changed"},
-        )
+    warn_or_refuse(module, plan, result)
     if module._diff:
         result["diff"] = plan.diff(root)
     if module.check_mode:
@@ -39,7 +49,7 @@ def finish(module: Any, plan: Plan, root: str, **extra: Any) -> None:
     try:
         applied = apply(plan, root)
     except ApplyError as exc:
-        module.fail_json(msg=str(exc), done=exc.applied.done, **{k: v for k, v in result.items() if k != "changed"})
+        module.fail_json(msg=str(exc), done=exc.applied.done, **failed_result(result))
     result["changed"] = applied.changed
     result["not_run"] = applied.not_run
     module.exit_json(**result)

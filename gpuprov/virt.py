@@ -719,10 +719,6 @@ def wait_for_address(
         time.sleep(2)
 
 
-def _failed(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in result.items() if k != "changed"}
-
-
 def finish_vm(
     module: Any,
     plan: VmPlan,
@@ -740,6 +736,7 @@ def finish_vm(
     then storage clean-up. ``module`` is an ``AnsibleModule``.
     """
     from .host.sysfs import Sysfs
+    from .modsupport import failed_result, warn_or_refuse
     from .plan import ApplyError, apply
 
     result: dict[str, Any] = {
@@ -755,14 +752,7 @@ def finish_vm(
         "addresses": [],
         **extra,
     }
-    for warning in plan.warnings:
-        module.warn(warning)
-    if plan.refused:
-        module.fail_json(
-            msg=plan.refusal_text(),
-            refusals=[{"message": r.message, "fix": r.fix, "device": r.device} for r in plan.refusals],
-            **_failed(result),
-        )
+    warn_or_refuse(module, plan, result)
     if module._diff:
         diffs = plan.diff("/")
         domain = plan.domain_diff()
@@ -778,16 +768,16 @@ def finish_vm(
         done += sysfs.done
         result["not_run"] = sysfs.not_run
     except ApplyError as exc:
-        module.fail_json(msg=str(exc), done=done + exc.applied.done, **_failed(result))
+        module.fail_json(msg=str(exc), done=done + exc.applied.done, **failed_result(result))
     libvirt = _libvirt()
     try:
         done += execute(conn, plan, shutdown_timeout)
     except libvirt.libvirtError as exc:
-        module.fail_json(msg=f"libvirt: {exc}", done=done, **_failed(result))
+        module.fail_json(msg=f"libvirt: {exc}", done=done, **failed_result(result))
     try:
         done += apply(Plan(actions=plan.cleanup), "/").done
     except ApplyError as exc:
-        module.fail_json(msg=str(exc), done=done + exc.applied.done, **_failed(result))
+        module.fail_json(msg=str(exc), done=done + exc.applied.done, **failed_result(result))
     result["changed"] = bool(done)
     result["done"] = done
     if wait_address and extra.get("state") == "running" and plan.mac:
@@ -804,6 +794,6 @@ def finish_vm(
             module.fail_json(
                 msg=f"domain {plan.name} got no address on its network within {wait_address:.0f}s "
                 f"(MAC {plan.mac}); see its serial log {plan.paths.get('serial_log')}",
-                **_failed(result),
+                **failed_result(result),
             )
     module.exit_json(**result)
