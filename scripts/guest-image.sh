@@ -33,8 +33,11 @@ MIRROR=${GPUPROV_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 cache=${GPUPROV_CACHE:-${HOME:-/root}/.cache/gpuprov}/guest
 
 self=$(readlink -f "${BASH_SOURCE[0]}")
+lib=$(dirname "$self")/minbase.sh
+# shellcheck source=scripts/minbase.sh
+source "$lib"
 key=$( (
-  cat "$self"
+  cat "$self" "$lib"
   echo "$SUITE ${PACKAGES[*]} $CMDLINE"
 ) | sha256sum | cut -c1-12)
 out="$cache/$key"
@@ -76,16 +79,7 @@ cleanup() {
 trap cleanup EXIT
 
 log "debootstrap $SUITE minbase + ${#PACKAGES[@]} packages from $MIRROR (a few minutes)"
-includes=$(
-  IFS=,
-  echo "${PACKAGES[*]}"
-)
-if ! debootstrap --variant=minbase --include="$includes" "$SUITE" "$rootfs" "$MIRROR" >"$work/debootstrap.log" 2>&1; then
-  log "debootstrap failed; last lines of its log:"
-  tail -n 30 "$work/debootstrap.log" >&2
-  [[ -f $rootfs/debootstrap/debootstrap.log ]] && tail -n 30 "$rootfs/debootstrap/debootstrap.log" >&2
-  exit 1
-fi
+minbase_debootstrap "$SUITE" "$MIRROR" "$rootfs" "$work/debootstrap.log" "${PACKAGES[@]}" || exit 1
 log "debootstrap done ($((SECONDS - start))s)"
 
 # --- configuration: what a cloud image has --------------------------------

@@ -45,9 +45,12 @@ MIRROR=${GPUPROV_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 cache=${GPUPROV_CACHE:-${HOME:-/root}/.cache/gpuprov}/molecule
 
 self=$(readlink -f "${BASH_SOURCE[0]}")
+lib=$(dirname "$self")/minbase.sh
+# shellcheck source=scripts/minbase.sh
+source "$lib"
 key_of() {
   (
-    cat "$self"
+    cat "$self" "$lib"
     echo "$1 $SUITE ${PACKAGES[*]}"
   ) | sha256sum | cut -c1-12
 }
@@ -100,16 +103,7 @@ build_debian_tarball() {
   workdir
   rootfs="$work/debian-rootfs"
   log "debootstrap $SUITE minbase + ${PACKAGES[*]} from $MIRROR (about a minute)"
-  includes=$(
-    IFS=,
-    echo "${PACKAGES[*]}"
-  )
-  if ! debootstrap --variant=minbase --include="$includes" "$SUITE" "$rootfs" "$MIRROR" >"$work/debootstrap.log" 2>&1; then
-    log "debootstrap failed; last lines of its log:"
-    tail -n 30 "$work/debootstrap.log" >&2
-    [[ -f $rootfs/debootstrap/debootstrap.log ]] && tail -n 30 "$rootfs/debootstrap/debootstrap.log" >&2
-    exit 1
-  fi
+  minbase_debootstrap "$SUITE" "$MIRROR" "$rootfs" "$work/debootstrap.log" "${PACKAGES[@]}" || exit 1
   # Keep it small and deterministic enough: no docs, man pages, locales, apt caches.
   rm -rf "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* \
     "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb \
