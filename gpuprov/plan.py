@@ -137,14 +137,15 @@ class ApplyError(RuntimeError):
         self.applied = applied
 
 
-def _write_file(full: str, content: str, mode: int) -> None:
-    # Write beside, then rename: a reader never sees half a file.
+def write_file_atomic(full: str, content: str | bytes, mode: int) -> None:
+    """Write beside, then rename: a reader never sees half a file."""
+    data = content.encode() if isinstance(content, str) else content
     directory = os.path.dirname(full)
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpuprov-")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.chmod(tmp, mode)
         os.replace(tmp, full)
     except BaseException:
@@ -166,7 +167,7 @@ def apply(plan: Plan, root: str = "/") -> Applied:
             continue
         try:
             if action.kind == WRITE_FILE:
-                _write_file(sysfs.path(action.path or ""), action.content or "", action.mode)
+                write_file_atomic(sysfs.path(action.path or ""), action.content or "", action.mode)
             elif action.kind == REMOVE_FILE:
                 os.unlink(sysfs.path(action.path or ""))
             elif action.kind == WRITE_SYSFS:

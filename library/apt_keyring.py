@@ -61,7 +61,6 @@ dest:
 
 import base64
 import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpuprov.guest.keyring import (
@@ -70,22 +69,8 @@ from ansible.module_utils.gpuprov.guest.keyring import (
     fingerprints,
     normalize_fingerprint,
 )
+from ansible.module_utils.gpuprov.plan import write_file_atomic
 from ansible.module_utils.urls import fetch_url
-
-
-def _write(path: str, data: bytes, mode: int) -> None:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpuprov-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def main() -> None:
@@ -145,7 +130,7 @@ def main() -> None:
         current, current_mode = None, None
     changed = current != binary or current_mode != mode
     if changed and not module.check_mode:
-        _write(p["dest"], binary, mode)
+        write_file_atomic(p["dest"], binary, mode)
     diff = {
         "before": f"{p['dest']}: {'absent' if current is None else 'other key data'}\n" if changed else "",
         "after": f"{p['dest']}: key {', '.join(found)}\n" if changed else "",
