@@ -104,6 +104,11 @@ def _brief(text: str) -> str:
     return f"({len(text.splitlines())} lines, sha256 {digest}...)\n"
 
 
+def sysfs_write(path: str, value: str, why: str) -> Action:
+    """Write ``value`` to a sysfs (or procfs) attribute: live-only, not run on other roots."""
+    return Action(WRITE_SYSFS, why, path=path, content=value)
+
+
 def file_action(path: str, content: str | None, before: str | None, why: str, mode: int = 0o644) -> Action | None:
     """The action that makes ``path`` hold ``content`` (None: absent); None when it already does."""
     if content is None:

@@ -16,7 +16,7 @@ from .assess import BLOCKER, VFIO_DRIVERS, assess_gpu, companions_of, held_open
 from .host.facts import HostFacts
 from .host.pci import PciAddressError, normalize_address
 from .host.sysfs import Sysfs
-from .plan import COMMAND, WRITE_SYSFS, Action, Plan, Refusal, file_action
+from .plan import COMMAND, Action, Plan, Refusal, file_action, sysfs_write
 
 MODPROBE_CONF = "etc/modprobe.d/gpuprov-vfio.conf"
 UDEV_RULES = "etc/udev/rules.d/61-gpuprov-vfio.rules"
@@ -156,10 +156,6 @@ def _safety(facts: HostFacts, request: VfioRequest, wanted: list[str], bind_set:
             plan.refusals.append(Refusal(message, finding.fix, addr))
 
 
-def _write(path: str, value: str, why: str) -> Action:
-    return Action(WRITE_SYSFS, why, path=path, content=value)
-
-
 def _runtime_bind(facts: HostFacts, bind_set: list[str], plan: VfioPlan) -> None:
     todo = [a for a in bind_set if facts.pci[a].driver not in VFIO_DRIVERS]
     if not todo:
@@ -169,24 +165,26 @@ def _runtime_bind(facts: HostFacts, bind_set: list[str], plan: VfioPlan) -> None
     for addr in todo:
         dev = facts.pci[addr]
         if dev.driver_override != "vfio-pci":
-            plan.actions.append(_write(f"{dev.sysfs_path}/driver_override", "vfio-pci", "only vfio-pci may bind it"))
+            plan.actions.append(
+                sysfs_write(f"{dev.sysfs_path}/driver_override", "vfio-pci", "only vfio-pci may bind it")
+            )
     for addr in todo:
         driver = facts.pci[addr].driver
         if driver:
-            plan.actions.append(_write(f"sys/bus/pci/drivers/{driver}/unbind", addr, f"release it from {driver}"))
+            plan.actions.append(sysfs_write(f"sys/bus/pci/drivers/{driver}/unbind", addr, f"release it from {driver}"))
     for addr in todo:
-        plan.actions.append(_write("sys/bus/pci/drivers_probe", addr, "bind it to vfio-pci"))
+        plan.actions.append(sysfs_write("sys/bus/pci/drivers_probe", addr, "bind it to vfio-pci"))
 
 
 def _runtime_unbind(facts: HostFacts, bind_set: list[str], plan: VfioPlan) -> None:
     for addr in bind_set:
         dev = facts.pci[addr]
         if dev.driver_override:
-            plan.actions.append(_write(f"{dev.sysfs_path}/driver_override", "\n", "let any driver bind it"))
+            plan.actions.append(sysfs_write(f"{dev.sysfs_path}/driver_override", "\n", "let any driver bind it"))
         if dev.driver in VFIO_DRIVERS:
             unbind = f"sys/bus/pci/drivers/{dev.driver}/unbind"
-            plan.actions.append(_write(unbind, addr, f"release it from {dev.driver}"))
-            plan.actions.append(_write("sys/bus/pci/drivers_probe", addr, "give it back to its host driver"))
+            plan.actions.append(sysfs_write(unbind, addr, f"release it from {dev.driver}"))
+            plan.actions.append(sysfs_write("sys/bus/pci/drivers_probe", addr, "give it back to its host driver"))
 
 
 def _persistence(

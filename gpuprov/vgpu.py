@@ -63,7 +63,18 @@ from .host.mdev import MdevParent, MdevType
 from .host.mig import MigFacts, MigProfile, Runner, read_mig
 from .host.pci import PciAddressError, normalize_address
 from .host.sysfs import Sysfs
-from .plan import COMMAND, REMOVE_FILE, WRITE_SYSFS, Action, Applied, Plan, Refusal, apply, file_action, read_text
+from .plan import (
+    COMMAND,
+    REMOVE_FILE,
+    Action,
+    Applied,
+    Plan,
+    Refusal,
+    apply,
+    file_action,
+    read_text,
+    sysfs_write,
+)
 
 USES = ("passthrough", "host", "mdev", "sriov_vgpu", "mig")
 MANAGED_USES = ("mdev", "sriov_vgpu", "mig")
@@ -511,10 +522,6 @@ def _mixed(plan: Plan, where: str, by_type: dict[str, list[str]], allowed: bool)
         )
 
 
-def _write(path: str, value: str, why: str) -> Action:
-    return Action(WRITE_SYSFS, why, path=path, content=value)
-
-
 def _cmd(argv: list[str], why: str) -> Action:
     return Action(COMMAND, why, argv=argv)
 
@@ -675,7 +682,7 @@ def _plan_mdevs(
     # Actions: removals first (they free room), then creations.
     for inst in removals + [c[0] for c in changes]:
         plan.actions.append(
-            _write(f"sys/bus/mdev/devices/{inst.uuid}/remove", "1", f"remove mdev {inst.type_id} on {inst.parent}")
+            sysfs_write(f"sys/bus/mdev/devices/{inst.uuid}/remove", "1", f"remove mdev {inst.type_id} on {inst.parent}")
         )
         plan.removed_mdevs.append({"parent": inst.parent, "type": inst.type_id, "uuid": inst.uuid})
     for want in wanted:
@@ -683,7 +690,7 @@ def _plan_mdevs(
         if inst is None or str(want.uuid) in {c[1].uuid for c in changes}:
             path = f"sys/class/mdev_bus/{want.parent}/mdev_supported_types/{want.type_id}/create"
             plan.actions.append(
-                _write(path, str(want.uuid), f"create mdev {want.type_id} ({want.name}) on {want.parent}")
+                sysfs_write(path, str(want.uuid), f"create mdev {want.type_id} ({want.name}) on {want.parent}")
             )
     plan.removed_mdevs = [r for r in plan.removed_mdevs if r["uuid"] not in by_uuid]
     if request.persistent and not request.boot:
@@ -805,7 +812,9 @@ def _plan_sriov_entry(
             plan.actions.append(_cmd(["/" + SRIOV_MANAGE, "-e", entry.key], f"enable the SR-IOV VFs of {entry.key}"))
         else:
             plan.actions.append(
-                _write(f"{pf.sysfs_path}/sriov_numvfs", str(pf.sriov_totalvfs), f"enable the SR-IOV VFs of {entry.key}")
+                sysfs_write(
+                    f"{pf.sysfs_path}/sriov_numvfs", str(pf.sriov_totalvfs), f"enable the SR-IOV VFs of {entry.key}"
+                )
             )
             plan.warnings.append(f"/{SRIOV_MANAGE} not found: the VFs of {entry.key} are enabled through sriov_numvfs")
         if entry.vgpus:
@@ -900,7 +909,7 @@ def _plan_sriov_entry(
             what = f"changing VF {address} from vGPU type {state.current_type} to {tid}"
             if _in_use(plan, what, _pci_users(held, address, inputs.running), address):
                 continue
-            plan.actions.append(_write(path, "0", f"clear vGPU type {state.current_type} from VF {address}"))
+            plan.actions.append(sysfs_write(path, "0", f"clear vGPU type {state.current_type} from VF {address}"))
         elif tid not in state.creatable:
             creatable = ", ".join(f"{k} ({v})" for k, v in sorted(state.creatable.items())) or "none"
             _problem(
@@ -910,7 +919,7 @@ def _plan_sriov_entry(
                 address,
             )
             continue
-        plan.actions.append(_write(path, str(tid), f"vGPU type {tid} ({want.name}) on VF {address}"))
+        plan.actions.append(sysfs_write(path, str(tid), f"vGPU type {tid} ({want.name}) on VF {address}"))
         plan.vgpus.append({**record, "state": "set"})
 
 
@@ -934,7 +943,7 @@ def _plan_sriov(
             if _in_use(plan, what, _pci_users(held, address, inputs.running), address):
                 continue
             plan.actions.append(
-                _write(f"{dev.sysfs_path}/nvidia/current_vgpu_type", "0", f"VF {address} is no longer declared")
+                sysfs_write(f"{dev.sysfs_path}/nvidia/current_vgpu_type", "0", f"VF {address} is no longer declared")
             )
             plan.cleared_vfs.append({"vf": address, "type": state.current_type})
     cleared = {c["vf"] for c in plan.cleared_vfs}
