@@ -9,8 +9,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.fakehost import FakeHost
+
+# Property-based tests run on a fixed, reproducible budget: the same examples on every run
+# (derandomize), no per-example deadline (a loaded 2-core CI machine), and a bounded count so
+# they add a known time to CI. GPUPROV_HYPOTHESIS_EXAMPLES raises it for a longer local hunt.
+settings.register_profile(
+    "gpuprov",
+    max_examples=int(os.environ.get("GPUPROV_HYPOTHESIS_EXAMPLES", "60")),
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("gpuprov")
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 
