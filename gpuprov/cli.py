@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result: Any = args.func(args)
     except UsageError as exc:
-        print(f"gpuprov: error: {exc}", file=sys.stderr)
+        from .textsafe import safe_text  # the message may quote a member or value from the input
+
+        print(f"gpuprov: error: {safe_text(exc, keep_newlines=True)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
         return EXIT_OK

@@ -58,13 +58,14 @@ def plan_report(plan: Any, root: str) -> dict[str, Any]:
 
 
 def print_plan(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 160))  # piped/logged: do not wrap at 80
-    table = Table(title=f"VM plan for {report['root']}", title_justify="left")
+    from .table import ValueTable, make_console
+    from .textsafe import safe_data
+
+    report = safe_data(report)  # every value escaped before it is laid out (docs/output.md)
+    console = make_console()
+    table = ValueTable(title=f"VM plan for {report['root']}", title_justify="left")
     for column in ("VM", "state", "memory", "vCPUs", "node", "host CPUs", "hugepages", "devices"):
         table.add_column(column)
     for vm in report["vms"]:
@@ -101,15 +102,15 @@ def print_plan(report: dict[str, Any]) -> None:
             highlight=False,
         )
     for warning in report["warnings"]:
-        console.print(f"[yellow]warning[/]: {warning}", highlight=False)
+        console.print(Text.assemble(("warning", "yellow"), f": {warning}"))
     for refusal in report["refusals"]:
         fix = f"\n    fix: {refusal['fix']}" if refusal["fix"] else ""
-        console.print(f"[red]REFUSED[/]: {refusal['message']}{fix}", highlight=False)
+        console.print(Text.assemble(("REFUSED", "red"), f": {refusal['message']}{fix}"))
     if report["ok"]:
-        console.print(f"[green]OK[/]: {len(report['vms'])} VMs fit this host", highlight=False)
+        console.print(Text.assemble(("OK", "green"), f": {len(report['vms'])} VMs fit this host"))
     else:
         console.print(
-            f"[red]{len(report['refusals'])} problem(s)[/]: nothing may change until they are fixed", highlight=False
+            Text.assemble((f"{len(report['refusals'])} problem(s)", "red"), ": nothing may change until they are fixed")
         )
 
 

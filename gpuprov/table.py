@@ -1,13 +1,48 @@
 """The inspect report as tables for people (rich). Works from the JSON report
-so both views show the same data."""
+so both views show the same data.
+
+Also the output helpers every table printer (inspect, verify, plan) uses, so
+that no value from a host or a file is ever parsed as Rich markup or reaches
+the terminal with its control characters (docs/output.md): the printers render
+from :func:`gpuprov.textsafe.safe_data` of their report, on :func:`make_console`,
+into :class:`ValueTable`.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
+
+from .textsafe import safe_data, safe_text
+
+
+def make_console() -> Console:
+    """The console for tables: markup and emoji codes off (a ``[red]`` or ``:x:``
+    in a value is shown as written); wide when piped, so logs do not wrap at 80."""
+    console = Console(markup=False, emoji=False)
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 160), markup=False, emoji=False)
+    return console
+
+
+def _literal(value: RenderableType | None) -> RenderableType | None:
+    """A ``str`` as literal text (control characters escaped); a Text or other renderable as is."""
+    return Text(safe_text(value, keep_newlines=True)) if isinstance(value, str) else value
+
+
+class ValueTable(Table):
+    """A Table whose string title and cells are literal text: never Rich markup,
+    never a raw control character, whatever console renders it."""
+
+    def __init__(self, *headers: Any, title: str | Text | None = None, **kwargs: Any) -> None:
+        super().__init__(*headers, title=_literal(title), **kwargs)  # type: ignore[arg-type]
+
+    def add_row(self, *renderables: RenderableType | None, **kwargs: Any) -> None:
+        super().add_row(*(_literal(r) for r in renderables), **kwargs)
+
 
 _MARK = {"blocker": ("✗", "bold red"), "warning": ("!", "yellow"), "info": ("·", "dim")}
 
@@ -34,8 +69,8 @@ def _host_lines(report: dict[str, Any]) -> list[Text]:
     return lines
 
 
-def _gpu_table(report: dict[str, Any]) -> Table:
-    table = Table(title="GPUs", title_justify="left", expand=False)
+def _gpu_table(report: dict[str, Any]) -> ValueTable:
+    table = ValueTable(title="GPUs", title_justify="left", expand=False)
     for col in ("Address", "Device", "Driver", "Group", "NUMA", "Link", "Reset", "Verdict"):
         table.add_column(col, overflow="fold")
     for gpu in report["gpus"]:
@@ -105,8 +140,8 @@ def _other_mdev_parents(report: dict[str, Any]) -> list[Text]:
     return lines
 
 
-def _all_devices(report: dict[str, Any]) -> list[Table]:
-    devices = Table(title="PCI devices", title_justify="left")
+def _all_devices(report: dict[str, Any]) -> list[ValueTable]:
+    devices = ValueTable(title="PCI devices", title_justify="left")
     for col in ("Address", "Class", "Ids", "Name", "Driver", "Group", "Link"):
         devices.add_column(col, overflow="fold")
     for d in report["pci_devices"]:
@@ -122,7 +157,7 @@ def _all_devices(report: dict[str, Any]) -> list[Table]:
             d["iommu_group"] or "-",
             speed,
         )
-    groups = Table(title="IOMMU groups", title_justify="left")
+    groups = ValueTable(title="IOMMU groups", title_justify="left")
     groups.add_column("Group")
     groups.add_column("Type")
     groups.add_column("Devices", overflow="fold")
@@ -132,10 +167,9 @@ def _all_devices(report: dict[str, Any]) -> list[Table]:
 
 
 def print_report(report: dict[str, Any], *, show_all: bool = False, console: Console | None = None) -> None:
+    report = safe_data(report)
     if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=max(console.width, 160))  # piped/logged: do not wrap at 80
+        console = make_console()
     for line in _host_lines(report):
         console.print(line)
     console.print()
@@ -146,7 +180,10 @@ def print_report(report: dict[str, Any], *, show_all: bool = False, console: Con
                 console.print(line)
     else:
         console.print(
-            "No GPUs here: no display-class (0x03xx) PCI devices. Name a device with --device ADDR to assess it anyway."
+            Text(
+                "No GPUs here: no display-class (0x03xx) PCI devices. "
+                "Name a device with --device ADDR to assess it anyway."
+            )
         )
     other = _other_mdev_parents(report)
     if other:
@@ -158,4 +195,4 @@ def print_report(report: dict[str, Any], *, show_all: bool = False, console: Con
         for table in _all_devices(report):
             console.print(table)
     s = report["summary"]
-    console.print(f"\n{s['gpus']} GPU(s): {s['ready']} ready, {s['not_ready']} not ready")
+    console.print(Text(f"\n{s['gpus']} GPU(s): {s['ready']} ready, {s['not_ready']} not ready"))

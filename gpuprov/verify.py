@@ -909,22 +909,21 @@ _STYLE = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "bold
 
 
 def print_report(report: dict[str, Any], console: Any = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=max(console.width, 160))
+    from .table import ValueTable, make_console
+    from .textsafe import safe_data
+
+    report = safe_data(report)  # every value escaped before it is laid out (docs/output.md)
+    console = console or make_console()
     host, drv = report["host"], report["driver"]
-    console.print(f"Host: {host['os'] or 'unknown OS'}, kernel {host['kernel'] or '?'} (root {host['root']})")
+    console.print(Text(f"Host: {host['os'] or 'unknown OS'}, kernel {host['kernel'] or '?'} (root {host['root']})"))
     version = drv["version"] or drv["library_version"]
     cuda = f", CUDA {drv['cuda_version']}" if drv["cuda_version"] else ""
     source = f"; GPUs from {report['gpus_from']}" if report["gpus_from"] else ""
-    console.print(f"NVIDIA driver: {version or 'none'}{cuda}{source}")
+    console.print(Text(f"NVIDIA driver: {version or 'none'}{cuda}{source}"))
     if report["gpus"]:
-        table = Table(title="GPUs", title_justify="left")
+        table = ValueTable(title="GPUs", title_justify="left")
         for col in ("#", "Address", "Name", "Memory", "PCIe link (GPU)", "PCIe link (sysfs)", "Virtualization", "MIG"):
             table.add_column(col, overflow="fold")
         for g in report["gpus"]:
@@ -956,7 +955,7 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
                 g["mig"]["current"] or "-",
             )
         console.print(table)
-    checks = Table(title="Checks", title_justify="left")
+    checks = ValueTable(title="Checks", title_justify="left")
     for col in ("", "Check", "GPU", "Result"):
         checks.add_column(col, overflow="fold")
     for c in report["checks"]:
@@ -970,7 +969,7 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     console.print(checks)
     bench = report["bench"]
     if bench and bench["results"]:
-        table = Table(title=f"Bench ({bench['backend']})", title_justify="left")
+        table = ValueTable(title=f"Bench ({bench['backend']})", title_justify="left")
         for col in ("Device", "Name", "H2D GB/s", "D2H GB/s", "Link peak", "Matmul TFLOP/s", "GPU peak"):
             table.add_column(col, overflow="fold")
 
