@@ -5,7 +5,8 @@ reads back. What a user attaches to a bug report.
 The file list is not kept by hand: facts are gathered once with a tracing
 reader and every file, directory and symlink it touched is copied, so the
 capture cannot drift from what inspect reads. Symlinks inside sysfs are stored
-relative; serial numbers are left out or zeroed.
+relative. What identifies the machine or its users is left out or rewritten
+(gpuprov/privacy.py, docs/concepts/capture-privacy.md).
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ import shutil
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 
 from . import __version__
 from .host.facts import gather
 from .host.pci import PCI_ADDRESS_RE
 from .host.sysfs import Sysfs
 from .host.usage import _DEV_FILES
+from .privacy import PRIVATE_NAMES, lspci_verbose, scrub_members, smi_xml, zero_dsn, zero_ids
 
-# Never copied: serial numbers and identifiers (vpd holds the board serial).
-_PRIVATE_NAMES = {"serial_number", "serial", "vpd", "wwid", "address", "uuid", "phys_port_id"}
 # Extra per-device files so lspci -A linux-sysfs can read the capture too
 # (inspect itself takes the ids from uevent).
 _LSPCI_FILES = (
@@ -43,36 +44,19 @@ _LSPCI_FILES = (
     "label",
 )
 _PROC_PID = re.compile(r"^proc/(\d+)(/|$)")
-_COMMANDS = {
-    "lspci-nnk": ["lspci", "-D", "-nnk"],
-    "lspci-vvv": ["lspci", "-D", "-nn", "-vvv"],
-    "nvidia-smi-q-x": ["nvidia-smi", "-q", "-x"],
-    "uname": ["uname", "-a"],
+# Under a process that holds a GPU/DRM/VFIO file: its name and those fds, nothing else.
+_PID_FILES = re.compile(r"^proc/\d+(/comm|/fd|/fd/\d+)?$")
+# Each command's output, and what is kept of it (no hostname: uname without -n).
+_COMMANDS: dict[str, tuple[list[str], Callable[[str], str | None]]] = {
+    "lspci-nnk": (["lspci", "-D", "-nnk"], zero_ids),
+    "lspci-vvv": (["lspci", "-D", "-nn", "-vvv"], lspci_verbose),
+    "nvidia-smi-q-x": (["nvidia-smi", "-q", "-x"], smi_xml),
+    "uname": (["uname", "-s", "-r", "-v", "-m"], zero_ids),
 }
-_SCRUB = (
-    (re.compile(r"(Device Serial Number) [0-9a-f-]+"), r"\1 00-00-00-00-00-00-00-00"),
-    (re.compile(r"<serial>[^<]*</serial>"), "<serial>0000000000000</serial>"),
-    (re.compile(r"GPU-[0-9a-fA-F-]{36}"), "GPU-00000000-0000-0000-0000-000000000000"),
-    (re.compile(r"MIG-[0-9a-fA-F-]{36}"), "MIG-00000000-0000-0000-0000-000000000000"),
-)
 
 
 class CaptureError(RuntimeError):
     pass
-
-
-def _zero_dsn(config: bytes) -> bytes:
-    """Zero the Device Serial Number extended capability (id 0x0003) in config space."""
-    data = bytearray(config)
-    pos, hops = 0x100, 0
-    while 0x100 <= pos <= len(data) - 12 and hops < 64:
-        header = int.from_bytes(data[pos : pos + 4], "little")
-        if header in (0, 0xFFFFFFFF):
-            break
-        if header & 0xFFFF == 0x0003:
-            data[pos + 4 : pos + 12] = bytes(8)
-        pos, hops = (header >> 20) & 0xFFC, hops + 1
-    return bytes(data)
 
 
 class _Archive:
@@ -86,12 +70,12 @@ class _Archive:
     def _allowed(self, rel: str) -> bool:
         m = _PROC_PID.match(rel)
         if m:
-            if m.group(1) not in self.allowed_pids:
+            if m.group(1) not in self.allowed_pids or not _PID_FILES.match(rel):
                 return False
             if "/fd/" in rel:  # only the GPU/DRM/VFIO files, not sockets or paths
                 target = self.sysfs.readlink(rel)
                 return bool(target and target.startswith(_DEV_FILES))
-        return rel.rsplit("/", 1)[-1] not in _PRIVATE_NAMES
+        return rel.rsplit("/", 1)[-1] not in PRIVATE_NAMES
 
     def add_path(self, rel: str, *, listing: bool = False) -> None:
         """Add ``rel`` with every symlink on the way to it, at its real place."""
@@ -137,9 +121,9 @@ class _Archive:
             data = self.sysfs.read_bytes(real)
             if data is not None:
                 if real.endswith("/config") and PCI_ADDRESS_RE.match(real.rsplit("/", 2)[-2]):
-                    data = _zero_dsn(data)
+                    data = zero_dsn(data)
                 elif real.startswith("proc/driver/"):
-                    data = _scrub(data.decode("utf-8", "replace")).encode()  # GPU UUIDs
+                    data = zero_ids(data.decode("utf-8", "replace")).encode()  # GPU UUIDs
                 self.members.setdefault(real, ("file", data))
 
     def _relative(self, here: str, target: str) -> str:
@@ -172,26 +156,25 @@ class _Archive:
         return count
 
 
-def _scrub(text: str) -> str:
-    for pattern, repl in _SCRUB:
-        text = pattern.sub(repl, text)
-    return text
-
-
 def _command_outputs(archive: _Archive) -> None:
-    for name, argv in _COMMANDS.items():
+    for name, (argv, keep) in _COMMANDS.items():
         if shutil.which(argv[0]) is None:
             continue
         try:
             result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
         except (OSError, subprocess.SubprocessError):
             continue
-        if result.returncode == 0:
-            archive.add_bytes(f"capture/{name}", _scrub(result.stdout).encode())
+        kept = keep(result.stdout) if result.returncode == 0 else None
+        if kept is not None:
+            archive.add_bytes(f"capture/{name}", kept.encode())
 
 
-def capture(out: str, root: str = "/", *, run_commands: bool = True) -> int:
-    """Write the capture of ``root`` to ``out`` (a .tar.gz); returns the member count."""
+def capture(out: str, root: str = "/", *, run_commands: bool = True, _commands_on_any_root: bool = False) -> int:
+    """Write the capture of ``root`` to ``out`` (a .tar.gz); returns the member count.
+
+    Commands (lspci, nvidia-smi, uname) describe this machine, so they run only when
+    ``root`` is ``/``; ``_commands_on_any_root`` is for tests that put fake ones on PATH.
+    """
     if not out.endswith((".tar.gz", ".tgz")):
         raise CaptureError(f"'{out}' should end in .tar.gz: the capture is a gzip tarball")
     parent = os.path.dirname(os.path.abspath(out))
@@ -209,8 +192,15 @@ def capture(out: str, root: str = "/", *, run_commands: bool = True) -> int:
         archive.add_path(f"sys/bus/pci/devices/{address}")
         if dev.driver:
             archive.add_path(f"sys/bus/pci/drivers/{dev.driver}")
-    if run_commands and sysfs.live:
+    if run_commands and (sysfs.live or _commands_on_any_root):
         _command_outputs(archive)
-    meta = {"gpuprov_version": __version__, "captured_at": int(time.time()), "root": root}
+    archive.members = scrub_members(archive.members, set(facts.usage.block))
+    # Not the root's path: a directory name can hold a user's or a host's name.
+    meta = {
+        "gpuprov_version": __version__,
+        "captured_at": int(time.time()),
+        "live": sysfs.live,
+        "privacy": "identifying values left out or rewritten: docs/concepts/capture-privacy.md",
+    }
     archive.add_bytes("capture/gpuprov-capture.json", json.dumps(meta, indent=1).encode())
     return archive.write(out)

@@ -151,7 +151,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "capture",
         help="write what inspect reads into a tarball for a bug report",
         description="Copy the sysfs/procfs files that inspect reads into OUTPUT (.tar.gz), "
-        "which `gpuprov inspect --root` reads back. Serial numbers are left out.",
+        "which `gpuprov inspect --root` reads back. Serial numbers, MACs, the host name and secrets are "
+        "left out; addresses are renumbered (docs/concepts/capture-privacy.md).",
     )
     p.add_argument("output", metavar="OUTPUT", help="the tarball to write, e.g. host.tar.gz")
     p.add_argument("--root", default="/", help="capture this root instead of /")

@@ -225,6 +225,32 @@ def _mode(text: str | None) -> str | None:
     return value if value in ("enabled", "disabled") else None
 
 
+# Every element parse_smi_xml reads, under <nvidia_smi_log> and under each <gpu>: gpuprov
+# capture keeps only these (tests/test_capture_privacy.py checks that parsing what it keeps
+# gives what parsing all gives).
+SMI_LOG_FIELDS = ("driver_version", "cuda_version")
+SMI_GPU_FIELDS = (
+    "product_name",
+    "product_architecture",
+    "uuid",
+    "pci/pci_bus_id",
+    "pci/pci_gpu_link_info/pcie_gen/current_link_gen",
+    "pci/pci_gpu_link_info/pcie_gen/max_link_gen",
+    "pci/pci_gpu_link_info/pcie_gen/max_device_link_gen",
+    "pci/pci_gpu_link_info/link_widths/current_link_width",
+    "pci/pci_gpu_link_info/link_widths/max_link_width",
+    "fb_memory_usage/total",
+    "fb_memory_usage/reserved",
+    "mig_mode/current_mig",
+    "mig_mode/pending_mig",
+    "mig_devices",
+    "mig_devices/mig_device",
+    "gpu_virtualization_mode/virtualization_mode",
+    "vgpu_software_licensed_product/license_status",
+    "vgpu_software_licensed_product/licensed_product_name",
+)
+
+
 def parse_smi_xml(text: str, source: str = "nvidia-smi") -> GpuList:
     """Parse ``nvidia-smi -q -x``. Raises :class:`GpuQueryError` on text that is not its XML."""
     try:
