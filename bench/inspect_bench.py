@@ -247,7 +247,7 @@ def _fit(xs: list[int], ys: list[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else float("nan")
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else float("nan")
     return slope, my - slope * mx
 
 

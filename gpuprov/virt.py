@@ -318,7 +318,7 @@ def _project(desired: ET.Element, live: ET.Element) -> ET.Element:
         wanted = [c for c in desired if c.tag == tag]
         have = [c for c in live if c.tag == tag]
         matched = _match(wanted, have)
-        for d, lv in zip(wanted, matched):
+        for d, lv in zip(wanted, matched, strict=True):
             if lv is not None:
                 out.append(_project(d, lv))
         if tag in counted:

@@ -2,6 +2,11 @@
 # Install what gpuprov needs on a Debian/Ubuntu machine, idempotently:
 # Debian packages (only those missing), then a virtualenv at .venv with
 # gpuprov and the extras named in $1 (e.g. "test"). Safe to run again.
+#
+# Environment: PYTHON (the interpreter the venv is made from, default python3 on
+# PATH), VENV (where, default .venv). scripts/test.sh also makes
+# PYTHON=/usr/bin/python3 VENV=.venv-system: Debian's own python3, the README's
+# platform, when PATH's python3 is another build (e.g. pyenv's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,10 +17,12 @@ APT_PACKAGES=(python3 python3-venv python3-pip pciutils pci.ids)
 # (TCG), OVMF and dnsmasq on an isolated network in a network namespace of its
 # own (iproute2), and builds its guest image with debootstrap (scripts/guest-image.sh);
 # the guest_container_toolkit scenario makes a test key with gpg and fetches
-# Debian packages for its offline directory (debian-archive-keyring).
+# Debian packages for its offline directory (debian-archive-keyring); the vgpu module
+# test checks its mdevctl definitions with the real mdevctl.
 if [[ ,${1:-}, == *,test,* || ,${1:-}, == *,dev,* ]]; then
   APT_PACKAGES+=(gcc pkg-config python3-dev libvirt-dev libvirt-clients libxml2-utils qemu-utils genisoimage
-    libvirt-daemon-system qemu-system-x86 ovmf dnsmasq-base iptables iproute2 debootstrap openssh-client gpg debian-archive-keyring)
+    libvirt-daemon-system qemu-system-x86 ovmf dnsmasq-base iptables iproute2 debootstrap openssh-client gpg debian-archive-keyring
+    mdevctl)
 fi
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -32,8 +39,17 @@ if ((${#missing[@]})); then
 fi
 
 PY=${PYTHON:-python3}
-[[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+VENV=${VENV:-.venv}
+command -v "$PY" >/dev/null 2>&1 || {
+  echo "bootstrap: no Python interpreter $PY here" >&2
+  exit 2
+}
+# A venv made from another interpreter (PYTHON changed, pyenv upgraded) is made again.
+base='import sys; print(sys.base_prefix, sys.version)'
+if [[ ! -x $VENV/bin/python || $("$VENV/bin/python" -c "$base" 2>/dev/null) != $("$PY" -c "$base") ]]; then
+  "$PY" -m venv --clear "$VENV"
+fi
 extras=${1:-}
 spec="."
 [[ -n $extras ]] && spec=".[${extras}]"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$spec"

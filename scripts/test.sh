@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Every test: installs what the tests need, then lint and the whole test suite:
-#   ruff (check + format), pytest, yamllint, ansible-lint (production profile),
-#   and the molecule scenarios under molecule/ (docker driver; the engine is
-#   started and the image built locally by scripts/dockerd.sh and
-#   scripts/molecule-image.sh, cached under ${GPUPROV_CACHE:-$HOME/.cache/gpuprov}).
+#   ruff (check + format); the Docker engine and the local test image
+#   (scripts/dockerd.sh, scripts/molecule-image.sh, cached under
+#   ${GPUPROV_CACHE:-$HOME/.cache/gpuprov}), started before pytest so that no test
+#   skips for want of them; pytest in .venv (python3 on PATH); the unit tests
+#   again (all but the `slow` ones) under Debian 12's own /usr/bin/python3, in
+#   .venv-system; yamllint, ansible-lint (production profile), and the molecule
+#   scenarios under molecule/ (docker driver).
+# With CI=true a skipped test fails pytest unless tests/skip_policy.py allows its reason.
 # Every step runs even when an earlier one failed; a summary closes the run and
 # the exit status is non-zero when any step failed.
 #
-# Arguments go to pytest. GPUPROV_SKIP_MOLECULE=1 skips the molecule scenarios
+# Arguments go to both pytest runs. GPUPROV_SKIP_MOLECULE=1 skips the molecule scenarios
 # (a developer's fast run; said loudly, and refused in CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,21 +31,36 @@ step() {
   shift
   echo "=== test.sh: $name: $*"
   "$@" || rc=$?
-  results+=("$(printf '%-28s %-6s %4ss' "$name" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" $((SECONDS - start)))")
+  results+=("$(printf '%-32s %-6s %4ss' "$name" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" $((SECONDS - start)))")
   [[ $rc -eq 0 ]] || failed=1
   return 0
 }
 
-# pytest exits 5 when it collected nothing: that is a failure here, not a pass.
+# run_pytest PYTHON ARGS...: pytest exits 5 when it collected nothing: that is a
+# failure here, not a pass.
 run_pytest() {
-  local rc=0
-  python -m pytest "$@" || rc=$?
+  local python=$1 rc=0
+  shift
+  "$python" -m pytest "$@" || rc=$?
   if [[ $rc -eq 5 ]]; then
     echo "test.sh: pytest collected no tests" >&2
     return 1
   fi
   return $rc
 }
+
+# The Docker engine and a local image for the real-engine test in pytest (molecule
+# uses them too): scripts/dockerd.sh fails loudly when no engine can be had.
+docker_engine() {
+  scripts/dockerd.sh && scripts/molecule-image.sh >/dev/null
+}
+
+python_version() {
+  "$1" -c 'import platform; print(platform.python_version())'
+}
+if [[ $(python_version python) != 3.11.* ]]; then
+  echo "test.sh: NOTE: python3 here is $(python_version python); CI runs 3.11 (pyproject's requires-python)" >&2
+fi
 
 run_molecule() {
   scripts/dockerd.sh || return 1
@@ -53,9 +72,9 @@ run_molecule() {
     # with its image cached, a minute more when the image is (re)built, as root.
     start=$SECONDS
     if molecule test --no-command-borders -s "$scenario"; then
-      molecule_rows+=("$(printf '  molecule %-19s %-6s %4ss' "$scenario" ok $((SECONDS - start)))")
+      molecule_rows+=("$(printf '  molecule %-23s %-6s %4ss' "$scenario" ok $((SECONDS - start)))")
     else
-      molecule_rows+=("$(printf '  molecule %-19s %-6s %4ss' "$scenario" FAIL $((SECONDS - start)))")
+      molecule_rows+=("$(printf '  molecule %-23s %-6s %4ss' "$scenario" FAIL $((SECONDS - start)))")
       rc=1
     fi
   done
@@ -65,13 +84,37 @@ run_molecule() {
 total=$SECONDS
 step "ruff check" ruff check .
 step "ruff format" ruff format --check .
-step "pytest" run_pytest "$@"
+step "docker engine + image" docker_engine
+step "pytest (python3 $(python_version python))" run_pytest python "$@"
+# Again under Debian 12's own python3, the README's platform (PATH's python3 may be
+# another build: pyenv's on the CI machine), all but the `slow` tests (real libvirt and
+# Docker: services, not the interpreter, are what they test). Its venv has the test
+# extra only; the module tests drive .venv's ansible (on PATH) with a target
+# interpreter made from this Python.
+system_python=/usr/bin/python3
+if [[ -x $system_python ]]; then
+  step "venv ($system_python)" env PYTHON=$system_python VENV=.venv-system scripts/bootstrap.sh test
+  step "pytest ($system_python $(python_version $system_python))" \
+    run_pytest .venv-system/bin/python -m "not slow" "$@"
+elif [[ ${CI:-} == true ]]; then
+  echo "test.sh: no $system_python (Debian's own python3): CI must run the unit tests under it" >&2
+  results+=("$(printf '%-32s %-6s' "pytest ($system_python)" FAIL) (no $system_python)")
+  failed=1
+else
+  cat >&2 <<EOF
+######################################################################
+##  test.sh: NO $system_python HERE: the unit tests did NOT run    ##
+##  under Debian 12's own python3 (the README's platform). CI does. ##
+######################################################################
+EOF
+  results+=("$(printf '%-32s %-6s' "pytest ($system_python)" SKIPPED) (no $system_python)")
+fi
 step "yamllint" yamllint --strict .
 step "ansible-lint" ansible-lint
 if [[ ${GPUPROV_SKIP_MOLECULE:-} == 1 ]]; then
   if [[ ${CI:-} == true ]]; then
     echo "test.sh: GPUPROV_SKIP_MOLECULE=1 is not allowed in CI: the molecule scenarios must run" >&2
-    results+=("$(printf '%-28s %-6s' molecule FAIL) (GPUPROV_SKIP_MOLECULE=1 in CI)")
+    results+=("$(printf '%-32s %-6s' molecule FAIL) (GPUPROV_SKIP_MOLECULE=1 in CI)")
     failed=1
   else
     cat >&2 <<'EOF'
@@ -80,7 +123,7 @@ if [[ ${GPUPROV_SKIP_MOLECULE:-} == 1 ]]; then
 ##  The roles were NOT tested; CI runs them. Unset it to run them.  ##
 ######################################################################
 EOF
-    results+=("$(printf '%-28s %-6s' molecule SKIPPED) (GPUPROV_SKIP_MOLECULE=1)")
+    results+=("$(printf '%-32s %-6s' molecule SKIPPED) (GPUPROV_SKIP_MOLECULE=1)")
   fi
 else
   step "molecule" run_molecule

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -414,9 +416,30 @@ def test_vfs_not_enabled_yet_are_enabled_then_typed_in_a_second_pass(nvidia) -> 
     assert sysfs_writes(plan) == [(f"sys/devices/pci0000:41/{vh.NEW_PF}/sriov_numvfs", "16")]
 
 
+def timed(call: Any) -> float:
+    start = time.monotonic()
+    call()
+    return time.monotonic() - start
+
+
 def test_wait_for_vfs_returns_once_their_vgpu_files_exist(nvidia) -> None:
     root = nvidia()
-    wait_for_vfs(Sysfs(str(root)), [A100], timeout=5)  # they exist: at once, no exception
+    sysfs = Sysfs(str(root))
+    # Every VF has its file: at once, far inside the timeout (a wait that never sees them takes all 10 s).
+    assert timed(lambda: wait_for_vfs(sysfs, [A100], timeout=10)) < 2
+    # One VF without it yet: the whole timeout.
+    late = root / f"sys/bus/pci/devices/{A100}/virtfn1/nvidia/current_vgpu_type"
+    late.unlink()
+    assert timed(lambda: wait_for_vfs(sysfs, [A100], timeout=0.6)) >= 0.6
+    # A PF with no VF at all (none enabled yet) is not ready either.
+    assert timed(lambda: wait_for_vfs(sysfs, [vh.NEW_PF], timeout=0.6)) >= 0.6
+    # The driver adds the file while it waits: it returns at its next look, not at the timeout.
+    driver = threading.Timer(0.3, late.write_text, args=("0\n",))
+    driver.start()
+    try:
+        assert 0.3 <= timed(lambda: wait_for_vfs(sysfs, [A100], timeout=10)) < 5
+    finally:
+        driver.join()
 
 
 @pytest.mark.parametrize(
