@@ -20,12 +20,16 @@ options:
   arguments:
     description:
       - Arguments to be present, C(name) or C(name=value); an existing C(name=other) is replaced.
+      - Each item is exactly one kernel argument of printable ASCII. A value with spaces or other special
+        characters is written in double quotes, C(name="a b"). C($), backquote, backslash, single quote,
+        control and non-ASCII characters are refused, and so is anything else that is not one argument
+        (docs/reference/kernel-cmdline.md says what and why).
       - (Not C(args), which is a task keyword in Ansible.)
     type: list
     elements: str
     default: []
   remove:
-    description: Argument names to be absent.
+    description: Argument names to be absent (C(name=value) counts by its name); quoted values are removed too.
     type: list
     elements: str
     default: []
@@ -35,7 +39,11 @@ options:
     choices: [auto, grub, grubby]
     default: auto
   variable:
-    description: The GRUB variable to edit. C(GRUB_CMDLINE_LINUX) also covers recovery entries.
+    description:
+      - The GRUB variable to edit, C(GRUB_CMDLINE_LINUX_DEFAULT) or C(GRUB_CMDLINE_LINUX) (which also covers
+        recovery entries); any other name is refused.
+      - The file must assign it once, as a plain quoted value alone on its line; otherwise the module refuses
+        and changes nothing.
     type: str
     default: GRUB_CMDLINE_LINUX_DEFAULT
   update:
@@ -65,6 +73,10 @@ EXAMPLES = r"""
 - name: Drop an argument
   kernel_cmdline:
     remove: [pcie_acs_override]
+
+- name: A value with a space, in the kernel's double-quoted form
+  kernel_cmdline:
+    arguments: ['acpi_osi="Windows 2015"']
 """
 
 RETURN = r"""
@@ -101,8 +113,10 @@ not_run:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpuprov.cmdline import (
     GRUB_DEFAULT,
-    CmdlineRequest,
-    parse_args,
+    GRUB_DROPINS,
+    CmdlinePlan,
+    build_request,
+    grubby_default_args,
     plan_grub,
     plan_grubby,
 )
@@ -134,11 +148,9 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    try:
-        add, remove = parse_args(p["arguments"]), list(parse_args(p["remove"]))
-        request = CmdlineRequest(add=add, remove=remove, variable=p["variable"])
-    except ValueError as exc:
-        module.fail_json(msg=str(exc))
+    request, refusals = build_request(p["arguments"], p["remove"], p["variable"])
+    if refusals:
+        finish(module, CmdlinePlan(refusals=refusals), p["root"])
     sysfs = Sysfs(p["root"])
     proc_cmdline = sysfs.read("proc/cmdline") or ""
     bootloader = p["bootloader"]
@@ -150,10 +162,9 @@ def main() -> None:
         if not sysfs.live:
             module.fail_json(msg="bootloader grubby works on the live root only: set root to / or use bootloader grub")
         rc, out, err = module.run_command(["grubby", "--info=DEFAULT"])
-        if rc != 0:
-            module.fail_json(msg=f"grubby --info=DEFAULT failed: {err.strip()}")
-        lines = [line for line in out.splitlines() if line.startswith("args=")]
-        args = lines[0].split("=", 1)[1].strip().strip('"') if lines else ""
+        args = grubby_default_args(out) if rc == 0 else None
+        if args is None:
+            module.fail_json(msg=f"grubby --info=DEFAULT gave no args= line (rc {rc}): {err.strip()}")
         plan = plan_grubby(args, proc_cmdline, request)
     else:
         update = grub_update_argv(sysfs)
@@ -162,7 +173,15 @@ def main() -> None:
                 msg="no update-grub or grub2-mkconfig on this host: install GRUB's tools, or set update: false "
                 "and regenerate the menu yourself"
             )
-        plan = plan_grub(read_text(sysfs, GRUB_DEFAULT), proc_cmdline, request, update or ["update-grub"])
+        dropins = {
+            name: read_text(sysfs, f"{GRUB_DROPINS}/{name}") or ""
+            for name in sysfs.listdir(GRUB_DROPINS)
+            if name.endswith(".cfg")
+        }
+        raw = sysfs.read_bytes(GRUB_DEFAULT)
+        if raw is None and sysfs.exists(GRUB_DEFAULT):
+            module.fail_json(msg=f"/{GRUB_DEFAULT} exists but cannot be read: run the module as root")
+        plan = plan_grub(raw, proc_cmdline, request, update or ["update-grub"], dropins)
         if not p["update"]:
             plan.actions = [a for a in plan.actions if a.kind != COMMAND]
     finish(

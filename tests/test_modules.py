@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import tree_digest
+from tests.test_cmdline import sourced
 
 REPO = Path(__file__).resolve().parents[1]
 ANSIBLE = shutil.which("ansible", path=str(Path(sys.executable).parent)) or shutil.which("ansible")
@@ -140,5 +141,38 @@ def test_kernel_cmdline_rejects_a_bad_argument(bare_python, staged) -> None:
     root = staged("gpu-alone")
     before = tree_digest(root)
     result = run_module(bare_python, "kernel_cmdline", {"arguments": ["intel iommu"], "root": str(root)})
-    assert result["failed"] and "'intel iommu' is not a kernel argument" in result["msg"]
+    assert result["failed"] and result["msg"].startswith("refused, nothing changed: arguments: 'intel iommu' is 2")
+    assert "; fix: give each argument as its own item" in result["msg"]
     assert tree_digest(root) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "grub", "text"),
+    [
+        ({"arguments": ["foo=$(touch CANARY)"]}, GRUB, "holds $ at position 4"),
+        ({"arguments": ["quiet"], "variable": "FOO\nrm -rf /"}, GRUB, "variable 'FOO\\nrm -rf /' is not a GRUB"),
+        ({"arguments": ["quiet"], "variable": "PATH"}, GRUB, "variable 'PATH' is not a GRUB"),
+        ({"arguments": ["iommu=pt"]}, 'GRUB_CMDLINE_LINUX_DEFAULT="$(touch CANARY)"\n', "cannot be edited safely"),
+    ],
+    ids=["substitution", "variable-newline", "variable-path", "substitution-in-file"],
+)
+def test_kernel_cmdline_refuses_hostile_input_and_runs_nothing(bare_python, staged, tmp_path, args, grub, text) -> None:
+    canary = tmp_path / "canary"
+    root = staged("gpu-alone")
+    (root / "etc/default/grub").write_text(grub.replace("CANARY", str(canary)))
+    before = tree_digest(root)
+    args = {k: [a.replace("CANARY", str(canary)) for a in v] if k == "arguments" else v for k, v in args.items()}
+    result = run_module(bare_python, "kernel_cmdline", {**args, "root": str(root)})
+    assert result["failed"] and result["msg"].startswith("refused, nothing changed: ") and text in result["msg"]
+    assert tree_digest(root) == before and not canary.exists()
+
+
+def test_kernel_cmdline_quoted_value_apply_idempotent_remove(bare_python, staged, tmp_path) -> None:
+    root = staged("gpu-alone")
+    args = {"arguments": ['acpi_osi="Windows 2015"'], "root": str(root)}
+    first = run_module(bare_python, "kernel_cmdline", args)
+    assert first["changed"] is True and first["args_after"] == 'quiet acpi_osi="Windows 2015"'
+    assert sourced(tmp_path, root) == ["quiet", 'acpi_osi="Windows 2015"']
+    assert run_module(bare_python, "kernel_cmdline", args)["changed"] is False
+    gone = run_module(bare_python, "kernel_cmdline", {"remove": ["acpi_osi"], "root": str(root)})
+    assert gone["changed"] is True and sourced(tmp_path, root) == ["quiet"]

@@ -23,13 +23,61 @@ IOMMU_ARGS = (
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_pci_core", "vfio_iommu_type1", "mdev", "kvm")
 
 
+# What the kernel's isspace() is true for (lib/ctype.c: ASCII whitespace and Latin-1 NBSP).
+_KERNEL_SPACE = " \t\n\v\f\r\xa0"
+
+
+def kernel_split(text: str) -> list[str]:
+    """A command line split into arguments as the kernel splits it (lib/cmdline.c next_arg),
+    each as written: on spaces, except inside double quotes (``a="b c"`` and ``"a=b c"`` are one)."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i] in _KERNEL_SPACE:
+            i += 1
+        if i == n:
+            break
+        start, in_quote = i, text[i] == '"'
+        i += 1
+        while i < n and (in_quote or text[i] not in _KERNEL_SPACE):
+            if text[i] == '"':
+                in_quote = not in_quote
+            i += 1
+        out.append(text[start:i])
+    return out
+
+
+def kernel_param(token: str) -> tuple[str, str | None]:
+    """(name, value) the kernel makes of one argument of :func:`kernel_split` (next_arg's quote
+    stripping, step by step): ``a="b c"`` and ``"a=b c"`` -> ``("a", "b c")``; ``quiet`` -> ``("quiet", None)``."""
+    buf = list(token)
+    base = 1 if buf[:1] == ['"'] else 0  # a leading quote is skipped
+    n = len(buf)
+
+    def cstr(start: int) -> str:
+        end = start
+        while end < n and buf[end] != "\0":
+            end += 1
+        return "".join(buf[start:end])
+
+    # The first '=' after the name's first character splits name from value.
+    equals = next((k for k in range(base + 1, n) if buf[k] == "="), None)
+    value: int | None = None
+    if equals is not None:
+        buf[equals] = "\0"
+        value = equals + 1
+        if value < n and buf[value] == '"':
+            value += 1
+            if buf[n - 1] == '"':
+                buf[n - 1] = "\0"
+    if base and n > base and buf[n - 1] == '"':
+        buf[n - 1] = "\0"
+    return cstr(base), None if value is None else cstr(value)
+
+
 def parse_cmdline(text: str) -> dict[str, str | None]:
     """``a=b c`` -> ``{"a": "b", "c": None}``; the last of a repeated arg wins, as in the kernel."""
-    args: dict[str, str | None] = {}
-    for token in text.split():
-        key, sep, value = token.partition("=")
-        args[key] = value if sep else None
-    return args
+    return dict(kernel_param(token) for token in kernel_split(text))
 
 
 @dataclass
