@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .host.evidence import RESOURCES
+from .host.evidence import RESOURCES, Missing
 from .host.facts import HostFacts
 from .host.iommu import IOMMU_GROUPS
 from .host.pci import PciDevice, group_link_evidence
@@ -140,16 +140,15 @@ def unknown_findings(facts: HostFacts, devices: Iterable[str], rules: Iterable[s
         if missing.devices and not concerned & set(missing.devices):
             continue
         others = [d for d in missing.devices if d in concerned]
-        findings.append(
-            Finding(
-                UNKNOWN,
-                BLOCKER,
-                f"unknown: {name} could not be read ({missing.path}: {missing.problem})",
-                missing.fix,
-                device=others[0] if others else None,
-            )
-        )
+        findings.append(unknown_finding(name, missing, others[0] if others else None))
     return findings
+
+
+def unknown_finding(name: str, missing: Missing, device: str | None = None) -> Finding:
+    """The blocker for evidence ``name`` that could not be read: what, where, how to get it."""
+    return Finding(
+        UNKNOWN, BLOCKER, f"unknown: {name} could not be read ({missing.path}: {missing.problem})", missing.fix, device
+    )
 
 
 def companions_of(facts: HostFacts, address: str) -> list[str]:

@@ -45,9 +45,9 @@ class Missing:
 MissingEvidence = dict[str, Missing]
 
 
-def how_to_read(sysfs: Sysfs) -> str:
+def how_to_read(live: bool) -> str:
     """The usual fix: root on the live host, a fresh whole capture otherwise."""
-    return _LIVE_FIX if sysfs.live else _CAPTURE_FIX
+    return _LIVE_FIX if live else _CAPTURE_FIX
 
 
 def note(
@@ -69,7 +69,9 @@ def note(
         return
     if problem is None:
         problem = "unreadable" if sysfs.exists(rel) else "absent"
-    missing[name] = Missing(path=f"/{rel}", problem=problem, fix=fix or how_to_read(sysfs), rule=rule, devices=devices)
+    missing[name] = Missing(
+        path=f"/{rel}", problem=problem, fix=fix or how_to_read(sysfs.live), rule=rule, devices=devices
+    )
 
 
 def garbled(line_no: int, line: str, what: str) -> str:

@@ -138,7 +138,7 @@ def read_iommu_groups(
             sysfs,
             IOMMU_GROUPS,
             "sys/kernel/iommu_groups",
-            fix=how_to_read(sysfs)
+            fix=how_to_read(sysfs.live)
             + "; a kernel without IOMMU support shows none: enable the IOMMU (intel_iommu=on, or amd_iommu on AMD)",
             rule=GROUPS,
         )

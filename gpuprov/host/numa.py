@@ -63,8 +63,10 @@ def _node(
         hugepages=_hugepages(sysfs, hugepages),
     )
     # The VM planner's memory and CPU checks need both.
-    if not parse_cpulist(node.cpulist):
-        note(missing, sysfs, "host CPUs", cpus, rule=RESOURCES)
+    if node.cpulist is None or (node.cpulist and not parse_cpulist(node.cpulist)):
+        # An empty list is a memory-only node; nothing or garbage is unknown.
+        problem = None if node.cpulist is None else f"it reads {node.cpulist[:20]!r}, not a CPU list"
+        note(missing, sysfs, "host CPUs", cpus, problem, rule=RESOURCES)
     if node.memory_kib is None:
         note(missing, sysfs, "host memory", meminfo, rule=RESOURCES)
     return node

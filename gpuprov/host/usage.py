@@ -145,7 +145,7 @@ def _unknown_source(sysfs: Sysfs, missing: MissingEvidence | None, source: str, 
         f"the disk behind {source}",
         table,
         f"{source} ({use}) names no block device under /sys/class/block",
-        fix=how_to_read(sysfs) + "; a /dev/root mount needs root=/dev/NAME on the kernel command line",
+        fix=how_to_read(sysfs.live) + "; a /dev/root mount needs root=/dev/NAME on the kernel command line",
         rule=STORAGE,
     )
 
@@ -357,7 +357,7 @@ def _ipv6(
     text = sysfs.read(rel)
     if text is None:
         if not (_ipv6_off(sysfs) and not sysfs.exists(rel)):
-            note(missing, sysfs, name, rel, fix=how_to_read(sysfs) + _IPV6_FIX, rule=NETWORK)
+            note(missing, sysfs, name, rel, fix=how_to_read(sysfs.live) + _IPV6_FIX, rule=NETWORK)
         return []
     rows = []
     for i, line in enumerate(text.splitlines(), 1):
@@ -545,7 +545,7 @@ def open_device_files(sysfs: Sysfs, missing: MissingEvidence | None = None) -> t
                     sysfs,
                     "open device files",
                     f"proc/{pid}/fd",
-                    fix=how_to_read(sysfs) + " (other users' open files are visible to root only)",
+                    fix=how_to_read(sysfs.live) + " (other users' open files are visible to root only)",
                     rule=IN_USE,
                 )
             continue
