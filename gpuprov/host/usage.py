@@ -80,7 +80,9 @@ def _device_path(sysfs: Sysfs, rel: str) -> str | None:
     """Where a class entry (sys/class/block/X, sys/class/net/X) leads: a real
     directory under sys/devices, or None when its link is broken or loops."""
     real = sysfs.resolve(rel)
-    return real if real.startswith("sys/devices/") and sysfs.exists(real) else None
+    # Still a link after resolving: it loops.
+    ok = real.startswith("sys/devices/") and sysfs.exists(real) and sysfs.readlink(real) is None
+    return real if ok else None
 
 
 def _block_devices(sysfs: Sysfs, missing: MissingEvidence | None) -> tuple[dict[str, BlockDevice], dict[str, str]]:
