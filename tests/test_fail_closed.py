@@ -163,6 +163,7 @@ CASES: list[tuple[str, tuple[str, str], Mutation, str]] = [
         remove("sys/bus/pci/devices/0000:02:00.0/iommu_group"),
         "members of IOMMU group 6",
     ),
+    ("groups/nic-not-in-pci-listing", EDU_NIC, remove(f"sys/bus/pci/devices/{NIC}"), f"PCI device {NIC}"),
     ("groups/own-link-gone", EDU_ALONE, remove("sys/bus/pci/devices/0000:01:00.0/iommu_group"), "iommu_group"),
     # storage: block devices, mounts, swap, holders
     ("storage/swaps-gone", EDU_SWAP, remove("proc/swaps"), "swap list"),
@@ -189,6 +190,12 @@ CASES: list[tuple[str, tuple[str, str], Mutation, str]] = [
     ("network/route-line-garbage", EDU_NIC, write("proc/net/route", ROUTE_GARBAGE, append=True), "IPv4 routes"),
     ("network/route-header-garbage", EDU_NIC, write("proc/net/route", "nonsense\n"), "IPv4 routes"),
     ("network/fib-trie-garbage", EDU_NIC, write("proc/net/fib_trie", "Main:\n  ??? 10.0.2.15\n"), "IPv4 addresses"),
+    (
+        "network/fib-trie-bad-address",
+        EDU_NIC,
+        write("proc/net/fib_trie", "Main:\n     |-- 999.0.2.15\n        /32 host LOCAL\n"),
+        "IPv4 addresses",
+    ),
     ("network/fib-trie-gone", EDU_NIC, remove("proc/net/fib_trie"), "IPv4 addresses"),
     ("network/if-inet6-gone", EDU_NIC, remove("proc/net/if_inet6"), "IPv6 addresses"),
     ("network/if-inet6-garbage", EDU_NIC, write("proc/net/if_inet6", "zz 1 2 3\n"), "IPv6 addresses"),

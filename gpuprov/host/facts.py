@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .evidence import MissingEvidence
+from .evidence import GROUPS, MissingEvidence, note
 from .iommu import IommuState, read_iommu
 from .mdev import MdevInstance, MdevParent, VgpuVf, read_mdev_instances, read_mdev_parents, read_vgpu_vfs
 from .names import PciIds, name_source
 from .numa import NumaNode, read_numa
 from .pci import PciDevice, read_pci_devices
 from .sysfs import Sysfs
-from .usage import HostUsage, note_unmapped_open_files, read_usage
+from .usage import HostUsage, note_unmapped_open_files, read_usage, referenced_devices
 
 
 @dataclass
@@ -95,6 +95,9 @@ def gather(sysfs: Sysfs) -> HostFacts:
     iommu = read_iommu(sysfs, groups, unplaced=unplaced, missing=missing)
     usage = read_usage(sysfs, missing)
     note_unmapped_open_files(sysfs, usage, set(iommu.groups), missing)
+    for addr in sorted(referenced_devices(usage) - set(devices)):
+        # A disk or NIC on a device the PCI listing lacks: which group holds it is unknown.
+        note(missing, sysfs, f"PCI device {addr}", f"sys/bus/pci/devices/{addr}", rule=GROUPS)
     return HostFacts(
         root=sysfs.root,
         kernel=version.split()[2] if version and len(version.split()) > 2 else None,

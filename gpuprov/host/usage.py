@@ -325,6 +325,13 @@ def _local_ipv4(sysfs: Sysfs, missing: MissingEvidence | None) -> list[str]:
             continue
         if stripped.startswith("|--"):
             last = stripped[3:].strip()
+            try:
+                socket.inet_aton(last)
+            except OSError:  # 999.1.1.1
+                note(
+                    missing, sysfs, "IPv4 addresses", "proc/net/fib_trie", garbled(i, line, "an address"), rule=NETWORK
+                )
+                last = None
         elif stripped.startswith("/32 host LOCAL") and last and last not in found:
             found.append(last)
     return [a for a in found if not a.startswith("127.")]
@@ -604,6 +611,14 @@ def open_file_targets(
             return nvidia_bound
         return [usage.nvidia_minors[int(minor)]] if int(minor) in usage.nvidia_minors else None
     return []
+
+
+def referenced_devices(usage: HostUsage) -> set[str]:
+    """PCI addresses the host's disks, NICs, displays and open files hang off."""
+    found = {b.pci_device for b in usage.block.values()} | {n.pci_device for n in usage.net.values()}
+    found |= set(usage.drm_cards.values()) | set(usage.console_devices)
+    found |= set(usage.nvidia_minors.values()) | set(usage.vfio_cdevs.values())
+    return {a for a in found if a}
 
 
 def note_unmapped_open_files(
