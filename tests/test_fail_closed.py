@@ -428,3 +428,13 @@ def test_a_port_or_bridge_by_driver_or_children_whatever_its_class(tmp_path, cls
     (finding,) = [f for f in assess_gpu(facts, "0000:40:01.0").blockers if f.code == "bridge"]
     assert kind in finding.message and "0000:41:00.0" in (finding.fix or "")
     assert assess_gpu(facts, "0000:41:00.0").ready
+
+
+def test_giving_a_device_back_while_its_users_are_unknown_is_refused(mutated) -> None:
+    """state: unbound only asks whether something holds the device; unknown counts as held."""
+    root = mutated(HELD[0], holder_fd(_rm_tree))
+    before = tree_digest(root)
+    plan = plan_vfio(gather(Sysfs(str(root))), VfioRequest(devices=[HELD[1]], state="unbound"), {})
+    assert plan.refused and not plan.actions
+    assert "unknown: open device files could not be read" in plan.refusal_text()
+    assert tree_digest(root) == before
