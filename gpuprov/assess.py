@@ -1,24 +1,48 @@
 """Passthrough readiness of each GPU, from host facts alone (pure, no I/O).
 
-The safety rules of DESIGN.md live here, once: what makes a device or its
-IOMMU group untouchable, which functions must go with a GPU, and what only
-degrades it. ``gpuprov inspect`` shows these findings; the vfio planner
-refuses on the same blockers.
+The safety rules (docs/concepts/safety-rules.md) live here, once: what makes a
+device or its IOMMU group untouchable, which devices are never passable
+(bridges, ports), which functions must go with a GPU, and what only degrades
+it. Evidence a rule needs that could not be read (``HostFacts.missing``) is an
+"unknown" blocker: unknown is never ready. ``gpuprov inspect`` shows these
+findings; the vfio and VM planners refuse on the same blockers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .host.evidence import RESOURCES, Missing
 from .host.facts import HostFacts
-from .host.pci import PciDevice
+from .host.iommu import IOMMU_GROUPS
+from .host.pci import PciDevice, group_link_evidence
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
+UNKNOWN = "unknown"  # evidence a rule needs could not be read
+BRIDGE = "bridge"  # a bridge or port named as the device to pass
+# Blockers no per-device expert override (vfio_bind allow_unsafe) lifts: a bridge
+# or port is never a device to pass, and unbinding one cuts off the bus below it.
+NEVER_OVERRIDDEN = frozenset({BRIDGE})
 
 # Companion functions that share the GPU's slot and must be passed with it.
 COMPANION_CLASSES = {0x0403: "HD audio", 0x0C03: "USB controller", 0x0C80: "USB-C UCSI controller"}
 # Chipset functions the host cannot run without.
 CHIPSET_CLASSES = {0x0600: "host bridge", 0x0601: "ISA bridge", 0x0C05: "SMBus controller"}
+# Bridge classes (0x06xx) by name; any other 0x06xx is "bridge".
+BRIDGE_CLASSES = {
+    0x0600: "host bridge",
+    0x0601: "ISA bridge",
+    0x0602: "EISA bridge",
+    0x0603: "MCA bridge",
+    0x0604: "PCI-to-PCI bridge",
+    0x0605: "PCMCIA bridge",
+    0x0606: "NuBus bridge",
+    0x0607: "CardBus bridge",
+    0x0608: "RACEway bridge",
+    0x0609: "semi-transparent PCI-to-PCI bridge",
+    0x060A: "InfiniBand-to-PCI bridge",
+}
 HOST_GPU_DRIVERS = ("nvidia", "nouveau", "amdgpu", "radeon", "i915", "xe", "ast", "mgag200")
 VFIO_DRIVERS = ("vfio-pci", "vfio_pci", "nvgrace-gpu-vfio-pci", "mlx5_vfio_pci")
 
@@ -61,11 +85,79 @@ def is_gpu(dev: PciDevice) -> bool:
     return dev.base_class == 0x03 and dev.physfn is None
 
 
+def bridge_kind(facts: HostFacts, dev: PciDevice) -> str | None:
+    """What makes ``dev`` a bridge or port (never passable), or None for an endpoint."""
+    if dev.driver == "pcieport":
+        return "PCIe root or switch port (driver pcieport)"
+    if dev.is_bridge:
+        return BRIDGE_CLASSES.get(dev.class_prefix or -1, "bridge")
+    if facts.children(dev.address):
+        return "bridge (devices sit on a bus below it)"
+    return None
+
+
+def endpoints_below(facts: HostFacts, address: str) -> list[str]:
+    """The devices (not bridges or ports) anywhere below bridge ``address``."""
+    found: list[str] = []
+    pending = [address]
+    while pending:
+        for child in facts.children(pending.pop()):
+            if bridge_kind(facts, facts.pci[child]) is None:
+                found.append(child)
+            else:
+                pending.append(child)
+    return sorted(found)
+
+
+def _bridge_finding(facts: HostFacts, dev: PciDevice, kind: str) -> Finding:
+    below = endpoints_below(facts, dev.address)
+    if below:
+        fix = f"pass the device below it instead: {', '.join(below)}"
+    else:
+        gpus = [a for a, d in facts.pci.items() if is_gpu(d)]
+        fix = "pass an endpoint device instead (the GPU itself)" + (
+            f": {', '.join(gpus)}" if gpus else "; `gpuprov inspect --all` lists the devices"
+        )
+    return Finding(
+        BRIDGE,
+        BLOCKER,
+        f"{dev.address} is a {kind}: bridges, root ports and host bridges stay with the host and are never "
+        "passed through (no override applies)",
+        fix,
+    )
+
+
+def unknown_findings(facts: HostFacts, devices: Iterable[str], rules: Iterable[str] | None = None) -> list[Finding]:
+    """One blocker per piece of evidence that could not be read and decides the
+    verdict of ``devices`` (a GPU, its group, its companions); ``rules`` limits
+    them to those rules' evidence. Unknown is never ready."""
+    concerned = set(devices)
+    wanted = None if rules is None else set(rules)
+    findings = []
+    for name, missing in facts.missing.items():
+        if missing.rule == RESOURCES or (wanted is not None and missing.rule not in wanted):
+            continue
+        if missing.devices and not concerned & set(missing.devices):
+            continue
+        others = [d for d in missing.devices if d in concerned]
+        findings.append(unknown_finding(name, missing, others[0] if others else None))
+    return findings
+
+
+def unknown_finding(name: str, missing: Missing, device: str | None = None) -> Finding:
+    """The blocker for evidence ``name`` that could not be read: what, where, how to get it."""
+    return Finding(
+        UNKNOWN, BLOCKER, f"unknown: {name} could not be read ({missing.path}: {missing.problem})", missing.fix, device
+    )
+
+
 def companions_of(facts: HostFacts, address: str) -> list[str]:
-    """Other functions of the GPU's slot (audio, USB, UCSI...), bridges excluded."""
+    """Other functions of the GPU's slot (audio, USB, UCSI...), bridges and ports excluded."""
     dev = facts.pci[address]
     return [
-        a for a, d in facts.pci.items() if a != address and d.slot == dev.slot and not d.is_bridge and d.physfn is None
+        a
+        for a, d in facts.pci.items()
+        if a != address and d.slot == dev.slot and d.physfn is None and bridge_kind(facts, d) is None
     ]
 
 
@@ -276,18 +368,23 @@ def assess_gpu(facts: HostFacts, address: str, held: dict[str, list[str]] | None
     held = held_open(facts) if held is None else held
     companions = companions_of(facts, address)
     findings: list[Finding] = []
-    if not facts.iommu.enabled:
+    kind = bridge_kind(facts, gpu)
+    if kind is not None:
+        findings.append(_bridge_finding(facts, gpu, kind))
+    members = facts.group_members(address)
+    findings += unknown_findings(facts, [address, *members, *companions])
+    if not facts.iommu.enabled and IOMMU_GROUPS not in facts.missing:  # else on or off is unknown
         findings.append(
             Finding(
                 "iommu-off", BLOCKER, "the IOMMU is off: no /sys/class/iommu units, no IOMMU groups", _iommu_fix(facts)
             )
         )
-    elif gpu.iommu_group is None:
+    elif facts.iommu.enabled and gpu.iommu_group is None and group_link_evidence(address) not in facts.missing:
         findings.append(
             Finding(
                 "no-iommu-group",
                 BLOCKER,
-                "the IOMMU is on but this device has no IOMMU group",
+                f"the IOMMU is on but this device has no IOMMU group (no /sys/bus/pci/devices/{address}/iommu_group)",
                 "check the firmware's DMAR/IVRS tables cover this slot",
             )
         )
@@ -317,12 +414,6 @@ def assess_gpu(facts: HostFacts, address: str, held: dict[str, list[str]] | None
                 "enable interrupt remapping in the firmware (expert override: allow_unsafe_interrupts=1)",
             )
         )
-    if not facts.usage.open_files_complete:
-        findings.append(
-            Finding(
-                "in-use-unknown", INFO, "other users' open files were not readable: run as root for the in-use check"
-            )
-        )
     return GpuAssessment(
         address=address,
         name=gpu.name,
@@ -332,7 +423,7 @@ def assess_gpu(facts: HostFacts, address: str, held: dict[str, list[str]] | None
         numa_node=gpu.numa_node,
         link=gpu.link.describe(),
         reset_methods=gpu.reset_methods,
-        group_members=facts.group_members(address),
+        group_members=members,
         companions=companions,
         findings=findings,
         vgpu=_vgpu_capabilities(facts, gpu),

@@ -88,12 +88,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print_report(report, show_all=args.all)
 
     gate = [g for g in gpus if g.address in require] if require else gpus if args.require_ready else []
-    not_ready = [g.address for g in gate if not g.ready]
+    not_ready = [g for g in gate if not g.ready]
     if args.require_ready and (not_ready or not gate):
         print(
-            f"gpuprov: not ready: {', '.join(not_ready) or 'no GPU found'}",
+            f"gpuprov: not ready: {', '.join(g.address for g in not_ready) or 'no GPU found'}",
             file=sys.stderr,
         )
+        for gpu in not_ready:  # why, and what to do, for a log that has only stderr
+            for f in gpu.blockers:
+                print(f"gpuprov: {gpu.address}: {f.message}" + (f"; {f.fix}" if f.fix else ""), file=sys.stderr)
         return EXIT_NOT_READY
     return EXIT_OK
 

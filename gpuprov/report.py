@@ -158,6 +158,10 @@ def build_report(facts: HostFacts, gpus: list[GpuAssessment]) -> dict[str, Any]:
             ],
             "open_device_files": [asdict(f) for f in usage.open_files],
             "open_files_complete": usage.open_files_complete,
+            "missing_evidence": [
+                {"evidence": name, "rule": m.rule, "path": m.path, "problem": m.problem, "fix": m.fix}
+                for name, m in facts.missing.items()
+            ],
         },
         "gpus": [_instances(facts, gpu_dict(a)) for a in gpus],
         "summary": {

@@ -12,7 +12,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .assess import BLOCKER, VFIO_DRIVERS, assess_gpu, companions_of, held_open
+from .assess import (
+    BLOCKER,
+    NEVER_OVERRIDDEN,
+    VFIO_DRIVERS,
+    assess_gpu,
+    bridge_kind,
+    companions_of,
+    held_open,
+    unknown_findings,
+)
+from .host.evidence import IN_USE
 from .host.facts import HostFacts
 from .host.pci import PciAddressError, normalize_address
 from .host.sysfs import Sysfs
@@ -135,14 +145,19 @@ def _normalize(request: VfioRequest, facts: HostFacts, plan: Plan) -> list[str]:
 
 
 def _safety(facts: HostFacts, request: VfioRequest, wanted: list[str], bind_set: list[str], plan: Plan) -> None:
-    """Refuse per the safety rules; an expert override turns a device's refusals into warnings."""
+    """Refuse per the safety rules (gpuprov.assess); an expert override turns a device's
+    refusals into warnings, except those no override lifts (a bridge or port)."""
     held = held_open(facts)
     for addr in wanted:
-        for finding in assess_gpu(facts, addr, held).findings:
+        gpu = assess_gpu(facts, addr, held)
+        findings = gpu.findings
+        if request.state == "unbound":
+            # Giving a device back is only unsafe while something holds it, or may.
+            involved = [addr, *gpu.group_members, *gpu.companions]
+            findings = [f for f in findings if f.code == "in-use"] + unknown_findings(facts, involved, [IN_USE])
+        for finding in findings:
             if finding.severity != BLOCKER:
                 continue
-            if request.state == "unbound" and finding.code != "in-use":
-                continue  # giving a device back is only unsafe while a VM holds it
             if finding.code == "group-shared" and finding.device in bind_set:
                 continue  # the other member is being bound too
             if finding.code == "in-use" and request.state == "bound":
@@ -151,8 +166,10 @@ def _safety(facts: HostFacts, request: VfioRequest, wanted: list[str], bind_set:
                     continue  # already vfio's and held by its VM: nothing to change
             message = f"{addr}: {finding.message}"
             if addr in request.allow_unsafe:
-                plan.warnings.append(f"OVERRIDDEN by allow_unsafe: {message}")
-                continue
+                if finding.code not in NEVER_OVERRIDDEN:
+                    plan.warnings.append(f"OVERRIDDEN by allow_unsafe: {message}")
+                    continue
+                message += " (allow_unsafe does not lift this)"
             plan.refusals.append(Refusal(message, finding.fix, addr))
 
 
@@ -188,9 +205,18 @@ def _runtime_unbind(facts: HostFacts, bind_set: list[str], plan: VfioPlan) -> No
 
 
 def _persistence(
-    request: VfioRequest, bind_set: list[str], files: dict[str, str | None], initramfs: list[str], plan: VfioPlan
+    facts: HostFacts,
+    request: VfioRequest,
+    bind_set: list[str],
+    files: dict[str, str | None],
+    initramfs: list[str],
+    plan: VfioPlan,
 ) -> None:
     current = addresses_in_rules(files.get(UDEV_RULES))
+    for addr in [a for a in current if a in facts.pci and bridge_kind(facts, facts.pci[a])]:
+        # Written by an older version: a bridge or port never gets vfio-pci from boot.
+        current.remove(addr)
+        plan.warnings.append(f"{addr} is a bridge or port: dropped from {UDEV_RULES}, it stays with the host")
     if request.state == "bound":
         addresses = sorted(set(current) | set(bind_set))
     else:
@@ -239,7 +265,7 @@ def plan_vfio(
     else:
         _runtime_unbind(facts, bind_set, plan)
     if request.persistent:
-        _persistence(request, bind_set, files, initramfs or [], plan)
+        _persistence(facts, request, bind_set, files, initramfs or [], plan)
     return plan
 
 

@@ -56,8 +56,9 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .assess import VFIO_DRIVERS, held_open
+from .assess import VFIO_DRIVERS, Finding, held_open, unknown_finding, unknown_findings
 from .host.domains import read_running
+from .host.evidence import IN_USE, MissingEvidence
 from .host.facts import HostFacts, gather
 from .host.mdev import MdevParent, MdevType
 from .host.mig import MigFacts, MigProfile, Runner, read_mig
@@ -334,6 +335,7 @@ class HostInputs:
     files: dict[str, str | None] = field(default_factory=dict)  # root-relative path -> text (None: absent)
     mdevctl_defs: dict[str, str] = field(default_factory=dict)  # "parent/uuid" -> definition text
     running: dict[str, str] = field(default_factory=dict)  # mdev UUID or PCI address -> running domain
+    missing: MissingEvidence = field(default_factory=dict)  # what of the above could not be read
     tools: list[str] = field(default_factory=list)  # of sriov-manage, mdevctl: those installed
     boot_enabled: bool = False  # the unit's multi-user.target.wants link exists
     nvidia_params: str | None = None  # /proc/driver/nvidia/params (None: the module is not loaded)
@@ -409,7 +411,7 @@ def read_inputs(sysfs: Sysfs, facts: HostFacts, *, with_boot_sources: bool = Tru
             text = read_text(sysfs, f"{MDEVCTL_DIR}/{parent}/{name}")
             if text is not None:
                 inputs.mdevctl_defs[f"{parent}/{name}"] = text
-    inputs.running = read_running(sysfs)
+    inputs.running = read_running(sysfs, inputs.missing)
     if sysfs.exists(SRIOV_MANAGE):
         inputs.tools.append("sriov-manage")
     inputs.mdevctl_path = next((p for p in MDEVCTL_PATHS if sysfs.exists(p)), None)
@@ -499,7 +501,14 @@ def _pci_users(held: dict[str, list[str]], address: str, running: dict[str, str]
     return users + held.get(address, [])
 
 
-def _in_use(plan: Plan, what: str, users: list[str], device: str) -> bool:
+def _in_use_unknown(facts: HostFacts, inputs: HostInputs, devices: list[str]) -> list[Finding]:
+    """The in-use evidence (open device files, running domains) that could not be read: fail closed."""
+    unknown = unknown_findings(facts, devices, [IN_USE])
+    unknown += [unknown_finding(name, m) for name, m in inputs.missing.items()]
+    return unknown
+
+
+def _in_use(plan: Plan, what: str, users: list[str], device: str, unknown: list[Finding] | None = None) -> bool:
     if users:
         _problem(
             plan,
@@ -507,7 +516,11 @@ def _in_use(plan: Plan, what: str, users: list[str], device: str) -> bool:
             "shut the domain down (virsh shutdown) or stop the process first, then run again",
             device,
         )
-    return bool(users)
+    elif unknown:
+        # Whether something uses it cannot be told: the same as in use.
+        for finding in unknown:
+            _problem(plan, f"{what}: {finding.message}", finding.fix, device)
+    return bool(users or unknown)
 
 
 def _mixed(plan: Plan, where: str, by_type: dict[str, list[str]], allowed: bool) -> None:
@@ -651,7 +664,8 @@ def _plan_mdevs(
             )
     for inst in removals + [c[0] for c in changes]:
         what = f"removing mdev {inst.uuid} ({inst.type_id} on {inst.parent})"
-        _in_use(plan, what, _mdev_users(facts, inst.uuid, inst.iommu_group, inputs.running), inst.uuid)
+        users = _mdev_users(facts, inst.uuid, inst.iommu_group, inputs.running)
+        _in_use(plan, what, users, inst.uuid, _in_use_unknown(facts, inputs, [str(inst.parent)]))
     # Capacity: what the type offers now, plus what this run frees of that same type.
     freed: dict[tuple[str, str], int] = {}
     for inst in removals + [c[0] for c in changes]:
@@ -907,7 +921,8 @@ def _plan_sriov_entry(
                 )
                 continue
             what = f"changing VF {address} from vGPU type {state.current_type} to {tid}"
-            if _in_use(plan, what, _pci_users(held, address, inputs.running), address):
+            users = _pci_users(held, address, inputs.running)
+            if _in_use(plan, what, users, address, _in_use_unknown(facts, inputs, [address])):
                 continue
             plan.actions.append(sysfs_write(path, "0", f"clear vGPU type {state.current_type} from VF {address}"))
         elif tid not in state.creatable:
@@ -940,7 +955,8 @@ def _plan_sriov(
             continue
         if address in managed.vfs or (request.prune and dev.physfn in declared):
             what = f"clearing vGPU type {state.current_type} from VF {address}"
-            if _in_use(plan, what, _pci_users(held, address, inputs.running), address):
+            users = _pci_users(held, address, inputs.running)
+            if _in_use(plan, what, users, address, _in_use_unknown(facts, inputs, [address])):
                 continue
             plan.actions.append(
                 sysfs_write(f"{dev.sysfs_path}/nvidia/current_vgpu_type", "0", f"VF {address} is no longer declared")

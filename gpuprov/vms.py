@@ -31,7 +31,8 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .assess import BLOCKER, VFIO_DRIVERS, assess_gpu, companions_of, held_open
+from .assess import BLOCKER, VFIO_DRIVERS, assess_gpu, companions_of, held_open, unknown_finding
+from .host.evidence import RESOURCES, how_to_read
 from .host.facts import HostFacts
 from .host.numa import parse_cpulist
 from .host.pci import PciAddressError, normalize_address
@@ -878,8 +879,15 @@ def _check_totals(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, settings:
         },
         "cpus": {"host": len(cpus), "reserved_for_host": len(reserved_cpus), "vcpus": vcpus},
     }
-    if not total_kib:
-        plan.warnings.append("host memory unknown (no meminfo): memory not checked")
+    unknown = {n: m for n, m in facts.missing.items() if m.rule == RESOURCES}
+    for finding in [unknown_finding(name, m) for name, m in unknown.items()]:
+        # Fail closed: a fit that cannot be checked is refused (docs/concepts/safety-rules.md).
+        plan.refusals.append(Refusal(finding.message, finding.fix))
+    if not total_kib and not unknown:
+        plan.refusals.append(
+            Refusal("unknown: host memory reads as 0 kB (NUMA meminfo)", how_to_read(facts.root == "/"))
+        )
+    if not total_kib or unknown:
         return
     sizes: dict[int, int] = {}
     for v in vms:

@@ -42,8 +42,10 @@ options:
     default: true
   allow_unsafe:
     description:
-      - Expert override. Devices listed here are bound even where the safety rules refuse; every
-        overridden refusal is reported as a warning. Losing the host's disk, network or console is on you.
+      - Expert override. Devices listed here are bound even where the safety rules refuse (evidence that
+        could not be read included); every overridden refusal is reported as a warning. Losing the host's
+        disk, network or console is on you.
+      - It never lifts the bridge refusal - bridges, root and switch ports and host bridges are never bound.
     type: list
     elements: str
     default: []

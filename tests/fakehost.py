@@ -95,7 +95,7 @@ class FakeHost:
             attrs["current_link_width"] = str(link[1])
             attrs["max_link_speed"] = f"{link[2]:.1f} GT/s PCIe"
             attrs["max_link_width"] = str(link[3])
-        if boot_vga is not None:
+        if boot_vga is not None or cls >> 8 == 0x0300:  # the kernel shows it on every VGA device
             attrs["boot_vga"] = "1" if boot_vga else "0"
         if sriov_totalvfs is not None:
             attrs["sriov_totalvfs"] = str(sriov_totalvfs)
@@ -207,4 +207,8 @@ class FakeHost:
             f"     |-- {a}\n        /32 host LOCAL\n" for a in self.locals
         )
         self.write("proc/net/fib_trie", trie)
+        # No IPv6 addresses or routes, as a kernel with IPv6 shows them (the tables are there, empty).
+        for table in ("proc/net/if_inet6", "proc/net/ipv6_route"):
+            if not (self.root / table).exists():
+                self.write(table, "")
         return self.root

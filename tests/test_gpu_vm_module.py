@@ -162,6 +162,25 @@ def test_a_device_held_by_another_domain_is_refused(libvirt_python, host_root, s
     assert not os.path.exists(storage["dir"])
 
 
+@pytest.mark.parametrize(
+    ("host", "bridge", "text"),
+    [
+        ("gpu-alone", "0000:00:01.0", "PCIe root or switch port"),
+        ("gpu-bridge-nic", "0000:01:00.0", "PCI-to-PCI bridge"),
+    ],
+)
+def test_a_bridge_is_refused(libvirt_python, host_root, storage, tmp_path, host, bridge, text) -> None:
+    """Bridges and ports are never passable (docs/concepts/safety-rules.md); the refusal names the device below."""
+    uri = node(tmp_path)
+    before = tree_digest(tmp_path)
+    result = run_module(
+        libvirt_python, "gpu_vm", {"vm": vm(storage, gpus=[bridge]), **args(storage, uri, host_root(host))}
+    )
+    assert result["failed"] and result["msg"].startswith("refused, nothing changed: ")
+    assert f"{bridge} is a {text}" in result["msg"] and "pass the device below it instead" in result["msg"]
+    assert tree_digest(tmp_path) == before
+
+
 def test_the_whole_host_list_is_checked_first(libvirt_python, host_root, storage, tmp_path) -> None:
     spec = vm(storage)
     hog = {"name": "hog", "memory_mib": 100000, "pin": False}

@@ -90,6 +90,18 @@ def test_gpu_host_facts_on_the_h100_capture(bare_python, host_root) -> None:
         ("vfio-bound", {"devices": ["0000:01:00.0"], "state": "unbound"}, "is in use: sleep (pid"),
         ("h100-passthrough-guest", {"devices": ["0000:00:06.0"]}, "the IOMMU is off"),
         ("gpu-alone", {"devices": ["10de:2330"]}, "'10de:2330' is not a PCI address"),
+        # Bridges are never passable, whatever the override (docs/concepts/safety-rules.md).
+        (
+            "gpu-alone",
+            {"devices": ["0000:00:01.0"], "allow_unsafe": ["0000:00:01.0"]},
+            "0000:00:01.0 is a PCIe root or switch port",
+        ),
+        (
+            "gpu-bridge-nic",
+            {"devices": ["0000:01:00.0"], "allow_unsafe": ["0000:01:00.0"]},
+            "0000:01:00.0 is a PCI-to-PCI bridge",
+        ),
+        ("gpu-alone", {"devices": ["0000:00:00.0"], "allow_unsafe": ["0000:00:00.0"]}, "0000:00:00.0 is a host bridge"),
     ],
 )
 def test_vfio_bind_refuses_and_changes_nothing(bare_python, staged, host, args, text) -> None:
@@ -99,6 +111,16 @@ def test_vfio_bind_refuses_and_changes_nothing(bare_python, staged, host, args, 
     assert result["failed"] is True
     assert result["msg"].startswith("refused, nothing changed: ") and text in result["msg"]
     assert result["refusals"] and tree_digest(root) == before
+
+
+def test_vfio_bind_refuses_when_evidence_is_missing(bare_python, staged) -> None:
+    """Fail closed: with the IOMMU groups gone, the edu's group (shared with the default-route NIC) is unknown."""
+    root = staged("gpu-bridge-nic")
+    shutil.rmtree(root / "sys/kernel/iommu_groups")
+    before = tree_digest(root)
+    result = run_module(bare_python, "vfio_bind", {"devices": ["0000:02:01.0"], "root": str(root)})
+    assert result["failed"] is True and "unknown: IOMMU groups could not be read" in result["msg"]
+    assert tree_digest(root) == before
 
 
 def test_vfio_bind_check_mode_diff_then_apply_then_idempotent(bare_python, staged) -> None:

@@ -247,6 +247,38 @@ def test_removing_an_mdev_in_use_is_refused(mtty, user) -> None:
     assert_refused(mtty, {"mtty": {"use": "mdev", "mdevs": [{"type": "mtty-1", "uuid": MTTY_EXISTING}]}}, text)
 
 
+def _garbled_domain_status(root: Path) -> None:
+    (root / "run/libvirt/qemu").mkdir(parents=True)
+    (root / "run/libvirt/qemu/vm1.xml").write_text("<domstatus><broken")
+
+
+def _process_with_unreadable_fds(root: Path) -> None:
+    (root / "proc/4242").mkdir(parents=True)  # its fd/ cannot be listed
+
+
+def _unknown_drm_card_open(root: Path) -> None:
+    (root / "proc/4242/fd").mkdir(parents=True)
+    (root / "proc/4242/fd/3").symlink_to("/dev/dri/card9")
+
+
+@pytest.mark.parametrize(
+    ("setup", "text"),
+    [
+        (_garbled_domain_status, "unknown: running libvirt domains could not be read (/run/libvirt/qemu/vm1.xml"),
+        (_process_with_unreadable_fds, "unknown: open device files could not be read (/proc/4242/fd"),
+        (_unknown_drm_card_open, "unknown: the device behind /dev/dri/card9 could not be read"),
+    ],
+    ids=["domain-status-garbage", "fd-dir-unreadable", "unknown-drm-card"],
+)
+def test_removing_an_mdev_whose_users_are_unknown_is_refused(mtty, setup, text) -> None:
+    """Fail closed (docs/concepts/safety-rules.md): in-use evidence that cannot be read counts as in use."""
+    state_file(mtty, {"mtty": {"use": "mdev", "mdevs": [{"type": "mtty-2", "uuid": MTTY_EXISTING}]}})
+    setup(mtty)
+    assert_refused(
+        mtty, {"mtty": {"use": "mdev", "mdevs": []}}, f"removing mdev {MTTY_EXISTING} (mtty-2 on mtty): {text}"
+    )
+
+
 # ------------------------------------------------------------------ mdev: create, keep, remove
 
 

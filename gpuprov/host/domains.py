@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from .evidence import IN_USE, MissingEvidence, note
 from .sysfs import Sysfs
 
 RUNNING_DOMAINS = "run/libvirt/qemu"
 
 
-def domain_devices(xml: str) -> list[str]:
-    """mdev UUIDs and PCI addresses (``0000:41:00.0``) a domain's XML assigns."""
+def _parse_devices(xml: str) -> list[str] | None:
+    """mdev UUIDs and PCI addresses a domain's XML assigns; None when it is not XML."""
     out: list[str] = []
     try:
         root = ET.fromstring(xml)
     except ET.ParseError:
-        return out
+        return None
     for hostdev in root.iter("hostdev"):
         addr = hostdev.find("source/address")
         if addr is None:
@@ -34,11 +35,28 @@ def domain_devices(xml: str) -> list[str]:
     return out
 
 
-def read_running(sysfs: Sysfs) -> dict[str, str]:
-    """Device -> running domain."""
+def domain_devices(xml: str) -> list[str]:
+    """mdev UUIDs and PCI addresses (``0000:41:00.0``) a domain's XML assigns."""
+    return _parse_devices(xml) or []
+
+
+def read_running(sysfs: Sysfs, missing: MissingEvidence | None = None) -> dict[str, str]:
+    """Device -> running domain. No directory: libvirt runs no QEMU domain. One that
+    cannot be listed, or a status file that cannot be read, goes into ``missing``."""
     running: dict[str, str] = {}
-    for name in sysfs.listdir(RUNNING_DOMAINS):
+    names = sysfs.try_listdir(RUNNING_DOMAINS)
+    if names is None:
+        if sysfs.exists(RUNNING_DOMAINS):
+            note(missing, sysfs, "running libvirt domains", RUNNING_DOMAINS, rule=IN_USE)
+        return running
+    for name in names:
         if name.endswith(".xml"):
-            for device in domain_devices(sysfs.read(f"{RUNNING_DOMAINS}/{name}") or ""):
+            rel = f"{RUNNING_DOMAINS}/{name}"
+            text = sysfs.read(rel)
+            devices = None if text is None else _parse_devices(text)
+            if devices is None:
+                note(missing, sysfs, "running libvirt domains", rel, None if text is None else "not XML", rule=IN_USE)
+                continue
+            for device in devices:
                 running[device] = name[: -len(".xml")]
     return running

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .evidence import GROUPS, MissingEvidence, note
 from .iommu import IommuState, read_iommu
 from .mdev import MdevInstance, MdevParent, VgpuVf, read_mdev_instances, read_mdev_parents, read_vgpu_vfs
 from .names import PciIds, name_source
 from .numa import NumaNode, read_numa
 from .pci import PciDevice, read_pci_devices
 from .sysfs import Sysfs
-from .usage import HostUsage, read_usage
+from .usage import HostUsage, note_unmapped_open_files, read_usage, referenced_devices
 
 
 @dataclass
@@ -26,6 +27,8 @@ class HostFacts:
     numa: list[NumaNode]
     usage: HostUsage
     names_from: str  # "udev" | "pci.ids" | "none"
+    # Evidence the safety rules need that could not be read (docs/concepts/safety-rules.md).
+    missing: MissingEvidence = field(default_factory=dict)
 
     def slot_functions(self) -> dict[str, list[str]]:
         """Slot (``0000:41:00``) -> its functions' addresses; built once."""
@@ -36,6 +39,17 @@ class HostFacts:
                 index.setdefault(dev.slot, []).append(addr)
             self.__dict__["_slots"] = index
         return index
+
+    def children(self, address: str) -> list[str]:
+        """Devices on the bus below bridge or port ``address``; built once."""
+        index = self.__dict__.get("_children")
+        if index is None:
+            index = {}
+            for addr, dev in self.pci.items():
+                if dev.parent is not None:
+                    index.setdefault(dev.parent, []).append(addr)
+            self.__dict__["_children"] = index
+        return index.get(address, [])
 
     def group_members(self, address: str) -> list[str]:
         dev = self.pci.get(address)
@@ -70,22 +84,31 @@ def _name_devices(sysfs: Sysfs, devices: dict[str, PciDevice]) -> str:
 
 def gather(sysfs: Sysfs) -> HostFacts:
     """Read every fact inspect, plan and the modules use. Read-only."""
-    devices = read_pci_devices(sysfs)
+    missing: MissingEvidence = {}
+    devices = read_pci_devices(sysfs, missing)
     version = sysfs.read("proc/version")
     groups: dict[str, list[str]] = {}
     for addr, dev in devices.items():
         if dev.iommu_group is not None:
             groups.setdefault(dev.iommu_group, []).append(addr)
+    unplaced = [a for a, d in devices.items() if d.iommu_group is None]
+    iommu = read_iommu(sysfs, groups, unplaced=unplaced, missing=missing)
+    usage = read_usage(sysfs, missing)
+    note_unmapped_open_files(sysfs, usage, set(iommu.groups), missing)
+    for addr in sorted(referenced_devices(usage) - set(devices)):
+        # A disk or NIC on a device the PCI listing lacks: which group holds it is unknown.
+        note(missing, sysfs, f"PCI device {addr}", f"sys/bus/pci/devices/{addr}", rule=GROUPS)
     return HostFacts(
         root=sysfs.root,
         kernel=version.split()[2] if version and len(version.split()) > 2 else None,
         os_name=_os_name(sysfs),
         pci=devices,
-        iommu=read_iommu(sysfs, groups),
+        iommu=iommu,
         mdev_parents=read_mdev_parents(sysfs),
         mdevs=read_mdev_instances(sysfs),
         vgpu_vfs=read_vgpu_vfs(sysfs, devices),
-        numa=read_numa(sysfs),
-        usage=read_usage(sysfs),
+        numa=read_numa(sysfs, missing),
+        usage=usage,
         names_from=_name_devices(sysfs, devices),
+        missing=missing,
     )

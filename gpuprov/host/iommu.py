@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .evidence import DISPLAY, GROUPS, MissingEvidence, how_to_read, note
+from .pci import group_link_evidence
 from .sysfs import Sysfs
 
 # Kernel args that decide IOMMU and vfio behaviour; shown even when absent.
@@ -20,6 +22,7 @@ IOMMU_ARGS = (
     "rd.driver.pre",
     "video",
 )
+IOMMU_GROUPS = "IOMMU groups"  # the evidence: /sys/kernel/iommu_groups
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_pci_core", "vfio_iommu_type1", "mdev", "kvm")
 
 
@@ -157,24 +160,87 @@ def _modules(sysfs: Sysfs) -> dict[str, str]:
     return found
 
 
-def read_iommu_groups(sysfs: Sysfs, known: dict[str, list[str]] | None = None) -> dict[str, IommuGroup]:
+def _few(items: list[str], most: int = 4) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def read_iommu_groups(
+    sysfs: Sysfs,
+    known: dict[str, list[str]] | None = None,
+    *,
+    unplaced: list[str] | None = None,
+    missing: MissingEvidence | None = None,
+) -> dict[str, IommuGroup]:
     """Groups and members. ``known`` (group -> PCI addresses, from each device's
     iommu_group link) saves listing every group; groups no PCI device names
-    (mdevs, platform devices) are still listed."""
+    (mdevs, platform devices) are still listed. ``unplaced``: PCI devices whose
+    group is not known from their link; they could be in any group, so then every
+    group's own ``devices/`` listing is needed, and one that cannot be read leaves
+    that group's membership unknown."""
     known = known or {}
     groups: dict[str, IommuGroup] = {}
-    names = sysfs.listdir("sys/kernel/iommu_groups")
+    names = sysfs.try_listdir("sys/kernel/iommu_groups")
+    if names is None:
+        note(
+            missing,
+            sysfs,
+            IOMMU_GROUPS,
+            "sys/kernel/iommu_groups",
+            fix=how_to_read(sysfs.live)
+            + "; a kernel without IOMMU support shows none: enable the IOMMU (intel_iommu=on, or amd_iommu on AMD)",
+            rule=GROUPS,
+        )
+        return groups
+    unplaced = list(unplaced or [])
+    for number, addrs in known.items():
+        if number not in names:
+            for addr in addrs:
+                note(
+                    missing,
+                    sysfs,
+                    group_link_evidence(addr),
+                    f"sys/bus/pci/devices/{addr}/iommu_group",
+                    f"its link names group {number}, which /sys/kernel/iommu_groups does not list",
+                    devices=(addr,),
+                    rule=GROUPS,
+                )
+                unplaced.append(addr)
     for number in sorted(names, key=lambda n: (len(n), n)):
         base = f"sys/kernel/iommu_groups/{number}"
-        members = sorted(known[number]) if number in known else sysfs.listdir(f"{base}/devices")
+        members = sorted(known.get(number, []))
+        if number not in known or unplaced:
+            listing = sysfs.try_listdir(f"{base}/devices")
+            if listing is not None:
+                members = sorted(set(members) | set(listing))
+            elif unplaced:
+                note(
+                    missing,
+                    sysfs,
+                    f"members of IOMMU group {number}",
+                    f"{base}/devices",
+                    f"{_few(sorted(unplaced))} have no readable iommu_group link, and this group's devices/ "
+                    f"listing is {'unreadable' if sysfs.exists(f'{base}/devices') else 'absent'}",
+                    devices=tuple(members),
+                    rule=GROUPS,
+                )
         groups[number] = IommuGroup(number=number, devices=members, type=sysfs.read(f"{base}/type"))
     return groups
 
 
-def read_iommu(sysfs: Sysfs, known_groups: dict[str, list[str]] | None = None) -> IommuState:
+def read_iommu(
+    sysfs: Sysfs,
+    known_groups: dict[str, list[str]] | None = None,
+    *,
+    unplaced: list[str] | None = None,
+    missing: MissingEvidence | None = None,
+) -> IommuState:
     units = sysfs.listdir("sys/class/iommu")
-    groups = read_iommu_groups(sysfs, known_groups)
-    cmdline = sysfs.read("proc/cmdline") or ""
+    groups = read_iommu_groups(sysfs, known_groups, unplaced=unplaced, missing=missing)
+    text = sysfs.read("proc/cmdline")
+    if text is None:
+        # It says which framebuffer carries the console and which disk /dev/root is.
+        note(missing, sysfs, "kernel command line", "proc/cmdline", rule=DISPLAY)
+    cmdline = text or ""
     args = parse_cmdline(cmdline)
     relevant = {k: v for k, v in args.items() if k in IOMMU_ARGS}
 

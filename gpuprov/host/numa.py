@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .evidence import RESOURCES, MissingEvidence, note
 from .sysfs import Sysfs
 
 
@@ -52,28 +53,33 @@ def _hugepages(sysfs: Sysfs, base: str) -> dict[str, dict[str, int | None]]:
     return pages
 
 
-def read_numa(sysfs: Sysfs) -> list[NumaNode]:
+def _node(
+    sysfs: Sysfs, number: int, cpus: str, meminfo: str, hugepages: str, missing: MissingEvidence | None
+) -> NumaNode:
+    node = NumaNode(
+        node=number,
+        cpulist=sysfs.read(cpus),
+        memory_kib=_meminfo_kib(sysfs.read_lines(meminfo), "MemTotal"),
+        hugepages=_hugepages(sysfs, hugepages),
+    )
+    # The VM planner's memory and CPU checks need both.
+    if node.cpulist is None or (node.cpulist and not parse_cpulist(node.cpulist)):
+        # An empty list is a memory-only node; nothing or garbage is unknown.
+        problem = None if node.cpulist is None else f"it reads {node.cpulist[:20]!r}, not a CPU list"
+        note(missing, sysfs, "host CPUs", cpus, problem, rule=RESOURCES)
+    if node.memory_kib is None:
+        note(missing, sysfs, "host memory", meminfo, rule=RESOURCES)
+    return node
+
+
+def read_numa(sysfs: Sysfs, missing: MissingEvidence | None = None) -> list[NumaNode]:
     base = "sys/devices/system/node"
     nodes = []
     for entry in sysfs.listdir(base):
         if entry.startswith("node") and entry[4:].isdigit():
             nb = f"{base}/{entry}"
-            nodes.append(
-                NumaNode(
-                    node=int(entry[4:]),
-                    cpulist=sysfs.read(f"{nb}/cpulist"),
-                    memory_kib=_meminfo_kib(sysfs.read_lines(f"{nb}/meminfo"), "MemTotal"),
-                    hugepages=_hugepages(sysfs, f"{nb}/hugepages"),
-                )
-            )
+            nodes.append(_node(sysfs, int(entry[4:]), f"{nb}/cpulist", f"{nb}/meminfo", f"{nb}/hugepages", missing))
     if nodes:
         return sorted(nodes, key=lambda n: n.node)
     # Kernels built without NUMA show no node directory: one node holds all.
-    return [
-        NumaNode(
-            node=0,
-            cpulist=sysfs.read("sys/devices/system/cpu/online"),
-            memory_kib=_meminfo_kib(sysfs.read_lines("proc/meminfo"), "MemTotal"),
-            hugepages=_hugepages(sysfs, "sys/kernel/mm/hugepages"),
-        )
-    ]
+    return [_node(sysfs, 0, "sys/devices/system/cpu/online", "proc/meminfo", "sys/kernel/mm/hugepages", missing)]

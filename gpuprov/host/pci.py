@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .evidence import CHIPSET, DISPLAY, GROUPS, MissingEvidence, note
 from .sysfs import Sysfs, parse_int
 
 PCI_DEVICES = "sys/bus/pci/devices"
@@ -13,6 +14,10 @@ PCI_DEVICES = "sys/bus/pci/devices"
 # are 4 hex digits, or more behind Intel VMD (10000:e1:00.0).
 PCI_ADDRESS_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
 _SHORT_ADDRESS_RE = re.compile(r"^[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
+# A device's iommu_group link, as the kernel writes it: .../kernel/iommu_groups/N
+_GROUP_LINK_RE = re.compile(r"(?:^|/)kernel/iommu_groups/([0-9]+)/?$")
+# Classes whose devices have a boot_vga attribute (the kernel's pci_is_vga()).
+VGA_CLASSES = (0x0300, 0x0001)
 
 
 class PciAddressError(ValueError):
@@ -209,10 +214,54 @@ def _read_link(sysfs: Sysfs, base: str, entries: list[str]) -> PciLink:
     return link
 
 
+def group_link_evidence(address: str) -> str:
+    """The name of the evidence "which IOMMU group ``address`` is in"."""
+    return f"IOMMU group of {address}"
+
+
+def group_of_link(target: str | None) -> str | None:
+    """The group number an ``iommu_group`` link names; None for anything else (a loop, garbage)."""
+    m = _GROUP_LINK_RE.search(target or "")
+    return m.group(1) if m else None
+
+
+def _iommu_group(sysfs: Sysfs, base: str, address: str, missing: MissingEvidence | None) -> str | None:
+    rel = f"{PCI_DEVICES}/{address}/iommu_group"
+    target = sysfs.readlink(f"{base}/iommu_group")
+    group = group_of_link(target)
+    if group is None:
+        problem = "not a readable link" if target is None else f"it points at {target!r}, not at a group"
+        note(missing, sysfs, group_link_evidence(address), rel, problem, devices=(address,), rule=GROUPS)
+    return group
+
+
+def _boot_vga(sysfs: Sysfs, base: str, address: str, entries: list[str], missing: MissingEvidence | None) -> bool:
+    """boot_vga; the kernel shows it on every VGA-class device, so its absence there is unknown."""
+    text = sysfs.read(f"{base}/boot_vga") if "boot_vga" in entries else None
+    if text not in ("0", "1"):
+        problem = None if text is None else f"it reads {text[:20]!r}, not 0 or 1"
+        note(
+            missing,
+            sysfs,
+            f"boot_vga of {address}",
+            f"{PCI_DEVICES}/{address}/boot_vga",
+            problem,
+            devices=(address,),
+            rule=DISPLAY,
+        )
+    return text == "1"
+
+
 def read_pci_device(
-    sysfs: Sysfs, address: str, *, reset_method_shown: bool = True, pf: PciDevice | None = None
+    sysfs: Sysfs,
+    address: str,
+    *,
+    reset_method_shown: bool = True,
+    pf: PciDevice | None = None,
+    missing: MissingEvidence | None = None,
 ) -> PciDevice:
     """One device's facts; every attribute a kernel may lack is optional.
+    What the safety rules need and cannot be read goes into ``missing``.
 
     A VF whose PF (``pf``) was read already takes the PF's link, NUMA node and
     local CPUs: they are the PF's in the kernel too (a VF's own link fields are
@@ -251,13 +300,31 @@ def read_pci_device(
         local_cpulist = rd(f"{base}/local_cpulist")
         link = _read_link(sysfs, base, entries)
 
+    class_code = hex_attr("class")
+    if class_code is None:
+        # The class decides the chipset and bridge rules.
+        unread = "neither uevent's PCI_CLASS nor the class file reads as a class code"
+        note(
+            missing,
+            sysfs,
+            f"class of {address}",
+            f"{PCI_DEVICES}/{address}/class",
+            unread,
+            devices=(address,),
+            rule=CHIPSET,
+        )
+    if class_code is not None and class_code >> 8 in VGA_CLASSES:
+        boot_vga = _boot_vga(sysfs, base, address, entries, missing)
+    else:
+        boot_vga = rd(f"{base}/boot_vga") == "1" if "boot_vga" in entries else False
+
     return PciDevice(
         address=address,
         vendor_id=hex_attr("vendor"),
         device_id=hex_attr("device"),
         subsystem_vendor_id=hex_attr("subsystem_vendor"),
         subsystem_device_id=hex_attr("subsystem_device"),
-        class_code=hex_attr("class"),
+        class_code=class_code,
         revision=parse_int(rd(f"{base}/revision"), 16),
         driver=driver,
         driver_override=driver_override,
@@ -265,8 +332,8 @@ def read_pci_device(
         local_cpulist=local_cpulist,
         link=link,
         reset_methods=reset_methods,
-        boot_vga=rd(f"{base}/boot_vga") == "1" if "boot_vga" in entries else False,
-        iommu_group=(sysfs.link_name(f"{base}/iommu_group") if "iommu_group" in entries else None),
+        boot_vga=boot_vga,
+        iommu_group=_iommu_group(sysfs, base, address, missing) if "iommu_group" in entries else None,
         parent=_parent_address(base, address),
         sysfs_path=base,
         sriov_totalvfs=(parse_int(rd(f"{base}/sriov_totalvfs")) if "sriov_totalvfs" in entries else None),
@@ -275,14 +342,14 @@ def read_pci_device(
     )
 
 
-def read_pci_devices(sysfs: Sysfs) -> dict[str, PciDevice]:
+def read_pci_devices(sysfs: Sysfs, missing: MissingEvidence | None = None) -> dict[str, PciDevice]:
     """Every PCI device the kernel lists, by full address, in address order."""
     devices: dict[str, PciDevice] = {}
     shown = kernel_shows_reset_method(sysfs)
     pf: PciDevice | None = None  # the last PF seen; its VFs follow it in address order
     for address in sysfs.listdir(PCI_DEVICES):
         if PCI_ADDRESS_RE.match(address):
-            dev = read_pci_device(sysfs, address, reset_method_shown=shown, pf=pf)
+            dev = read_pci_device(sysfs, address, reset_method_shown=shown, pf=pf, missing=missing)
             devices[address] = dev
             if dev.sriov_totalvfs:
                 pf = dev

@@ -4,10 +4,12 @@ each of these makes its IOMMU group untouchable."""
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 from dataclasses import dataclass, field
 
+from .evidence import DISPLAY, IN_USE, NETWORK, STORAGE, MissingEvidence, garbled, how_to_read, note
 from .pci import PCI_ADDRESS_RE
 from .sysfs import Sysfs
 
@@ -65,19 +67,45 @@ class HostUsage:
     drm_cards: dict[str, str]  # card/render name -> PCI address
     console_devices: list[str]  # PCI addresses behind the framebuffer console
     open_files: list[OpenDeviceFile]
-    open_files_complete: bool  # False when other users' fds could not be read
+    open_files_complete: bool  # False when some process's fds could not be read
     nvidia_minors: dict[int, str]  # /dev/nvidiaN minor -> PCI address
+    non_pci_drm: list[str] = field(default_factory=list)  # DRM nodes on no PCI device (simpledrm...)
+    vfio_cdevs: dict[str, str] = field(default_factory=dict)  # /dev/vfio/devices/vfioN name -> PCI address
 
 
 # ---------------------------------------------------------------- block devices
 
 
-def _block_devices(sysfs: Sysfs) -> tuple[dict[str, BlockDevice], dict[str, str]]:
+def _device_path(sysfs: Sysfs, rel: str) -> str | None:
+    """Where a class entry (sys/class/block/X, sys/class/net/X) leads: a real
+    directory under sys/devices, or None when its link is broken or loops."""
+    real = sysfs.resolve(rel)
+    # Still a link after resolving: it loops.
+    ok = real.startswith("sys/devices/") and sysfs.exists(real) and sysfs.readlink(real) is None
+    return real if ok else None
+
+
+def _block_devices(sysfs: Sysfs, missing: MissingEvidence | None) -> tuple[dict[str, BlockDevice], dict[str, str]]:
     """Block devices by name, and partition -> its disk."""
     devices: dict[str, BlockDevice] = {}
     disk_of: dict[str, str] = {}
-    for name in sysfs.listdir("sys/class/block"):
-        real = sysfs.resolve(f"sys/class/block/{name}")
+    names = sysfs.try_listdir("sys/class/block")
+    if names is None:
+        note(missing, sysfs, "block devices", "sys/class/block", rule=STORAGE)
+    for name in names or []:
+        real = _device_path(sysfs, f"sys/class/block/{name}")
+        if real is None:
+            # Which controller it hangs off is unknown, so any could be holding it.
+            note(
+                missing,
+                sysfs,
+                f"block device {name}",
+                f"sys/class/block/{name}",
+                "its link is broken or loops",
+                rule=STORAGE,
+            )
+            devices[name] = BlockDevice(name=name, pci_device=None)
+            continue
         devices[name] = BlockDevice(name=name, pci_device=pci_device_of(real))
         parts = real.split("/")
         if len(parts) >= 2 and sysfs.exists(f"{real}/partition"):
@@ -101,31 +129,111 @@ def _mount_source_name(sysfs: Sysfs, source: str, dm_names: dict[str, str]) -> s
     return rest.rsplit("/", 1)[-1] if rest.startswith(("disk/", "block/")) else rest
 
 
-def _mark_block_usage(sysfs: Sysfs, devices: dict[str, BlockDevice], disk_of: dict[str, str]) -> None:
+def _source_device(sysfs: Sysfs, source: str, devices: dict[str, BlockDevice], dm_names: dict[str, str]) -> str | None:
+    """The block device a mount or swap source names; None when it names none that is known."""
+    name = _mount_source_name(sysfs, source, dm_names)
+    if name in devices:
+        return name
+    # /dev/disk/by-uuid/..., /dev/md/NAME, /dev/VG/LV: udev's links to the node.
+    real = sysfs.resolve(source.lstrip("/"))
+    name = real.rsplit("/", 1)[-1]
+    return name if real.startswith("dev/") and name in devices else None
+
+
+def _unknown_source(sysfs: Sysfs, missing: MissingEvidence | None, source: str, use: str, table: str) -> None:
+    note(
+        missing,
+        sysfs,
+        f"the disk behind {source}",
+        table,
+        f"{source} ({use}) names no block device under /sys/class/block",
+        fix=how_to_read(sysfs.live) + "; a /dev/root mount needs root=/dev/NAME on the kernel command line",
+        rule=STORAGE,
+    )
+
+
+def _mounts(sysfs: Sysfs, missing: MissingEvidence | None) -> list[tuple[str, str]]:
+    """(source, mount point) of every mount; a line that is not one makes the table unknown."""
+    text = sysfs.read("proc/mounts")
+    if text is None:
+        note(missing, sysfs, "mount table", "proc/mounts", rule=STORAGE)
+        return []
+    found = []
+    for i, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        # "SOURCE MOUNTPOINT TYPE OPTIONS 0 0": the kernel escapes blanks inside fields.
+        if len(fields) != 6 or not (fields[4].isdigit() and fields[5].isdigit()):
+            note(missing, sysfs, "mount table", "proc/mounts", garbled(i, line, "a mount"), rule=STORAGE)
+            continue
+        found.append((fields[0], fields[1]))
+    return found
+
+
+def _swaps(sysfs: Sysfs, missing: MissingEvidence | None) -> list[str]:
+    """Sources of the active swap areas."""
+    text = sysfs.read("proc/swaps")
+    lines = (text or "").splitlines()
+    if text is None or not lines or lines[0].split() != ["Filename", "Type", "Size", "Used", "Priority"]:
+        problem = None if text is None else garbled(1, lines[0] if lines else "", "the swaps header")
+        note(missing, sysfs, "swap list", "proc/swaps", problem, rule=STORAGE)
+        return []
+    found = []
+    for i, line in enumerate(lines[1:], 2):
+        fields = line.split()
+        if len(fields) != 5 or not all(f.lstrip("-").isdigit() for f in fields[2:]):
+            note(missing, sysfs, "swap list", "proc/swaps", garbled(i, line, "a swap area"), rule=STORAGE)
+            continue
+        found.append(fields[0])
+    return found
+
+
+def _mark_block_usage(
+    sysfs: Sysfs, devices: dict[str, BlockDevice], disk_of: dict[str, str], missing: MissingEvidence | None
+) -> None:
     dm_names: dict[str, str] = {}
     for name in devices:
         if name.startswith("dm-"):
             dm = sysfs.read(f"sys/class/block/{name}/dm/name")
             if dm:
                 dm_names[dm] = name
+            else:
+                note(missing, sysfs, f"device-mapper name of {name}", f"sys/class/block/{name}/dm/name", rule=STORAGE)
 
-    for line in sysfs.read_lines("proc/mounts"):
-        fields = line.split()
-        if len(fields) < 3:
+    for source, mountpoint in _mounts(sysfs, missing):
+        if not source.startswith("/dev/"):
             continue
-        name = _mount_source_name(sysfs, fields[0], dm_names)
-        if name in devices:
-            devices[name].uses.append(f"mounted at {fields[1]}")
-    for line in sysfs.read_lines("proc/swaps")[1:]:
-        fields = line.split()
-        if fields and fields[0].startswith("/dev/"):
-            name = _mount_source_name(sysfs, fields[0], dm_names)
-            if name in devices:
-                devices[name].uses.append("swap")
+        name = _source_device(sysfs, source, devices, dm_names)
+        if name is None:
+            _unknown_source(sysfs, missing, source, f"mounted at {mountpoint}", "proc/mounts")
+        else:
+            devices[name].uses.append(f"mounted at {mountpoint}")
+    for source in _swaps(sysfs, missing):
+        if not source.startswith("/dev/"):
+            continue  # a swap file: its filesystem's disk is mounted
+        name = _source_device(sysfs, source, devices, dm_names)
+        if name is None:
+            _unknown_source(sysfs, missing, source, "swap", "proc/swaps")
+        else:
+            devices[name].uses.append("swap")
     for name, dev in devices.items():
-        holders = sysfs.listdir(f"sys/class/block/{name}/holders")
-        if holders:
+        if f"block device {name}" in (missing or {}):
+            continue  # its link is broken: nothing below it can be read
+        holders = sysfs.try_listdir(f"sys/class/block/{name}/holders")
+        if holders is None:
+            # Every block device has holders/ (LVM, MD, dm-crypt hold from there).
+            note(missing, sysfs, f"holders of {name}", f"sys/class/block/{name}/holders", rule=STORAGE)
+        elif holders:
             dev.uses.append("held by " + ", ".join(holders))
+
+    slaves: dict[str, list[str]] = {}
+
+    def slaves_of(name: str) -> list[str]:
+        if name not in slaves:
+            listing = sysfs.try_listdir(f"sys/class/block/{name}/slaves")
+            if listing is None:
+                note(missing, sysfs, f"slaves of {name}", f"sys/class/block/{name}/slaves", rule=STORAGE)
+            slaves[name] = listing or []
+        return slaves[name]
 
     # Use flows down: a dm/md device's slaves and a partition's disk are used by it.
     changed = True
@@ -135,7 +243,7 @@ def _mark_block_usage(sysfs: Sysfs, devices: dict[str, BlockDevice], disk_of: di
             if not dev.in_use:
                 continue
             below = [disk_of[name]] if name in disk_of else []
-            below += sysfs.listdir(f"sys/class/block/{name}/slaves") if name.startswith(("dm-", "md")) else []
+            below += slaves_of(name) if name.startswith(("dm-", "md")) else []
             for lower in below:
                 lower_dev = devices.get(lower)
                 if lower_dev is not None and f"backs {name}" not in lower_dev.uses:
@@ -155,29 +263,76 @@ def _prefix_len(mask_hex: str) -> int:
     return bin(struct.unpack("!I", socket.inet_aton(_hex_ipv4(mask_hex)))[0]).count("1")
 
 
-def _ipv4_routes(sysfs: Sysfs) -> list[tuple[str, str, str, int]]:
+_HEX8 = re.compile(r"^[0-9A-Fa-f]{8}$")
+_ROUTE_HEADER = ["Iface", "Destination", "Gateway", "Flags", "RefCnt", "Use", "Metric", "Mask", "MTU", "Window", "IRTT"]
+_TRIE_LINE = re.compile(
+    r"^(?:(?:Main|Local|Id \d+):"  # a table
+    r"|\+-- \d{1,3}(?:\.\d{1,3}){3}/\d+ \d+ \d+ \d+"  # an inner node
+    r"|\|-- \d{1,3}(?:\.\d{1,3}){3}"  # a leaf: one address
+    r"|/\d+ \w+ \w+(?: tos=\d+)?)$"  # an alias of the leaf: prefix length, scope, type
+)
+_INET6_LINE = re.compile(r"^[0-9a-f]{32} [0-9a-f]{2,8} [0-9a-f]{2} [0-9a-f]{2} [0-9a-f]{2,8} +\S+$")
+_IPV6_ROUTE_LINE = re.compile(
+    r"^[0-9a-f]{32} [0-9a-f]{2} [0-9a-f]{32} [0-9a-f]{2} [0-9a-f]{32}(?: [0-9a-f]{8}){4} +\S+$"
+)
+
+
+def _ipv4_routes(sysfs: Sysfs, missing: MissingEvidence | None) -> list[tuple[str, str, str, int]]:
     """(iface, destination, gateway, prefix length) per route of the main table."""
+    text = sysfs.read("proc/net/route")
+    if text is None:
+        note(missing, sysfs, "IPv4 routes", "proc/net/route", rule=NETWORK)
+        return []
+    lines = text.splitlines()
+    if not lines or lines[0].split() != _ROUTE_HEADER:
+        note(
+            missing,
+            sysfs,
+            "IPv4 routes",
+            "proc/net/route",
+            garbled(1, lines[0] if lines else "", "the header"),
+            rule=NETWORK,
+        )
+        return []
     routes = []
-    for line in sysfs.read_lines("proc/net/route")[1:]:
+    for i, line in enumerate(lines[1:], 2):
         f = line.split()
-        if len(f) < 8:
-            continue
         try:
+            if len(f) != 11 or not all(_HEX8.match(x) for x in (f[1], f[2], f[7])):
+                raise ValueError(line)
             routes.append((f[0], _hex_ipv4(f[1]), _hex_ipv4(f[2]), _prefix_len(f[7])))
         except (ValueError, OSError, struct.error):
-            continue
+            note(missing, sysfs, "IPv4 routes", "proc/net/route", garbled(i, line, "a route"), rule=NETWORK)
     return routes
 
 
-def _local_ipv4(sysfs: Sysfs) -> list[str]:
+def _local_ipv4(sysfs: Sysfs, missing: MissingEvidence | None) -> list[str]:
     """The host's own IPv4 addresses: '/32 host LOCAL' leaves of fib_trie."""
+    text = sysfs.read("proc/net/fib_trie")
+    if text is None:
+        note(missing, sysfs, "IPv4 addresses", "proc/net/fib_trie", rule=NETWORK)
+        return []
     found: list[str] = []
     last = None
-    for line in sysfs.read_lines("proc/net/fib_trie"):
-        text = line.strip()
-        if text.startswith("|--"):
-            last = text[3:].strip()
-        elif "/32 host LOCAL" in text and last and last not in found:
+    for i, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if not _TRIE_LINE.match(stripped):
+            note(
+                missing, sysfs, "IPv4 addresses", "proc/net/fib_trie", garbled(i, line, "a fib_trie line"), rule=NETWORK
+            )
+            continue
+        if stripped.startswith("|--"):
+            last = stripped[3:].strip()
+            try:
+                socket.inet_aton(last)
+            except OSError:  # 999.1.1.1
+                note(
+                    missing, sysfs, "IPv4 addresses", "proc/net/fib_trie", garbled(i, line, "an address"), rule=NETWORK
+                )
+                last = None
+        elif stripped.startswith("/32 host LOCAL") and last and last not in found:
             found.append(last)
     return [a for a in found if not a.startswith("127.")]
 
@@ -196,31 +351,90 @@ def _owner_of(address: str, routes: list[tuple[str, str, str, int]]) -> str | No
     return best[1] if best else None
 
 
-def _net_interfaces(sysfs: Sysfs) -> dict[str, NetInterface]:
-    nets: dict[str, NetInterface] = {}
-    for name in sysfs.listdir("sys/class/net"):
-        real = sysfs.resolve(f"sys/class/net/{name}")
-        nets[name] = NetInterface(name=name, pci_device=pci_device_of(real))
+def _ipv6_off(sysfs: Sysfs) -> bool:
+    """IPv6 disabled at boot: then the kernel has no if_inet6 or ipv6_route at all."""
+    return "ipv6.disable=1" in (sysfs.read("proc/cmdline") or "").split()
 
-    routes = _ipv4_routes(sysfs)
+
+_IPV6_FIX = " (a host without IPv6 says so with ipv6.disable=1 on the kernel command line)"
+
+
+def _ipv6(
+    sysfs: Sysfs, name: str, rel: str, pattern: re.Pattern[str], missing: MissingEvidence | None
+) -> list[list[str]]:
+    """The fields of each line of an IPv6 procfs table, each line checked against ``pattern``."""
+    text = sysfs.read(rel)
+    if text is None:
+        if not (_ipv6_off(sysfs) and not sysfs.exists(rel)):
+            note(missing, sysfs, name, rel, fix=how_to_read(sysfs.live) + _IPV6_FIX, rule=NETWORK)
+        return []
+    rows = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not pattern.match(line.strip()):
+            note(missing, sysfs, name, rel, garbled(i, line, "an entry"), rule=NETWORK)
+            continue
+        rows.append(line.split())
+    return rows
+
+
+def _net_interfaces(sysfs: Sysfs, missing: MissingEvidence | None) -> dict[str, NetInterface]:
+    nets: dict[str, NetInterface] = {}
+    names = sysfs.try_listdir("sys/class/net")
+    if names is None:
+        note(missing, sysfs, "network interfaces", "sys/class/net", rule=NETWORK)
+    for name in names or []:
+        real = _device_path(sysfs, f"sys/class/net/{name}")
+        if real is None:
+            note(
+                missing,
+                sysfs,
+                f"network interface {name}",
+                f"sys/class/net/{name}",
+                "its link is broken or loops",
+                rule=NETWORK,
+            )
+        nets[name] = NetInterface(name=name, pci_device=pci_device_of(real or ""))
+
+    def listed(iface: str, table: str) -> bool:
+        # A route or address on an interface /sys/class/net does not list: whose it is is unknown.
+        if iface in nets or iface in ("*", "lo") or names is None:
+            return iface in nets
+        note(
+            missing,
+            sysfs,
+            f"network interface {iface}",
+            f"sys/class/net/{iface}",
+            f"/{table} names it, but /sys/class/net does not list it",
+            rule=NETWORK,
+        )
+        return False
+
+    routes = _ipv4_routes(sysfs, missing)
     for iface, dest, gateway, plen in routes:
-        if iface in nets:
+        if listed(iface, "proc/net/route"):
             text = f"default via {gateway}" if plen == 0 else f"{dest}/{plen}"
             nets[iface].routes.append(text)
-    for address in _local_ipv4(sysfs):
+    for address in _local_ipv4(sysfs, missing):
         owner = _owner_of(address, routes)
         if owner in nets:
             nets[owner].addresses.append(address)
+        else:
+            note(
+                missing,
+                sysfs,
+                f"the interface of {address}",
+                "proc/net/route",
+                f"no connected route there covers the host's address {address}",
+                rule=NETWORK,
+            )
 
-    for line in sysfs.read_lines("proc/net/if_inet6"):
-        f = line.split()
+    for f in _ipv6(sysfs, "IPv6 addresses", "proc/net/if_inet6", _INET6_LINE, missing):
         # addr ifindex prefixlen scope flags name; scope 0x20 is link-local, 0x10 host
-        if len(f) == 6 and f[5] in nets and int(f[3], 16) not in (0x10, 0x20):
+        if listed(f[5], "proc/net/if_inet6") and int(f[3], 16) not in (0x10, 0x20):
             addr = ":".join(f[0][i : i + 4] for i in range(0, 32, 4))
             nets[f[5]].addresses.append(f"{addr}/{int(f[2], 16)}")
-    for line in sysfs.read_lines("proc/net/ipv6_route"):
-        f = line.split()
-        if len(f) != 10 or f[9] not in nets or f[9] == "lo":
+    for f in _ipv6(sysfs, "IPv6 routes", "proc/net/ipv6_route", _IPV6_ROUTE_LINE, missing):
+        if not listed(f[9], "proc/net/ipv6_route") or f[9] == "lo":
             continue
         flags = int(f[8], 16)
         if flags & 0x0200:  # RTF_REJECT: unreachable entries
@@ -241,18 +455,23 @@ def _net_interfaces(sysfs: Sysfs) -> dict[str, NetInterface]:
 # ---------------------------------------------------------------- consoles, open files
 
 
-def _drm_cards(sysfs: Sysfs) -> dict[str, str]:
+def _drm_cards(sysfs: Sysfs) -> tuple[dict[str, str], list[str]]:
+    """DRM card/render node -> its PCI device, and the nodes on no PCI device (simpledrm...)."""
     cards: dict[str, str] = {}
+    other: list[str] = []
     for name in sysfs.listdir("sys/class/drm"):
         if not name.startswith(("card", "renderD")) or "-" in name:
             continue  # card0-HDMI-A-1 connectors belong to their card
-        addr = pci_device_of(sysfs.resolve(f"sys/class/drm/{name}/device"))
+        real = _device_path(sysfs, f"sys/class/drm/{name}/device")
+        addr = pci_device_of(real or "")
         if addr:
             cards[name] = addr
-    return cards
+        elif real is not None:
+            other.append(name)
+    return cards, other
 
 
-def _console_devices(sysfs: Sysfs) -> list[str]:
+def _console_devices(sysfs: Sysfs, missing: MissingEvidence | None) -> list[str]:
     """PCI devices behind the framebuffer console.
 
     fbcon maps every console to fb0 unless ``fbcon=map:`` says otherwise; other
@@ -264,7 +483,23 @@ def _console_devices(sysfs: Sysfs) -> list[str]:
             fbs = sorted({f"fb{c}" for c in token[len("fbcon=map:") :] if c.isdigit()})
     found = []
     for name in fbs:
-        addr = pci_device_of(sysfs.resolve(f"sys/class/graphics/{name}/device"))
+        rel = f"sys/class/graphics/{name}/device"
+        if sysfs.readlink(rel) is None:
+            if sysfs.exists(f"sys/class/graphics/{name}") and _device_path(sysfs, f"sys/class/graphics/{name}") is None:
+                note(
+                    missing,
+                    sysfs,
+                    f"framebuffer {name}",
+                    f"sys/class/graphics/{name}",
+                    "its link is broken or loops",
+                    rule=DISPLAY,
+                )
+            continue  # no such framebuffer, or one on no device (a virtual one)
+        real = _device_path(sysfs, rel)
+        if real is None:
+            note(missing, sysfs, f"the device of framebuffer {name}", rel, "its link is broken or loops", rule=DISPLAY)
+            continue
+        addr = pci_device_of(real)
         if addr and addr not in found:
             found.append(addr)
     return found
@@ -282,22 +517,46 @@ def _nvidia_minors(sysfs: Sysfs) -> dict[int, str]:
     return minors
 
 
-def open_device_files(sysfs: Sysfs) -> tuple[list[OpenDeviceFile], bool]:
+def _vfio_cdevs(sysfs: Sysfs) -> dict[str, str]:
+    """iommufd's per-device VFIO nodes (/dev/vfio/devices/vfioN) -> PCI address."""
+    cdevs: dict[str, str] = {}
+    for name in sysfs.listdir("sys/class/vfio-dev"):
+        addr = pci_device_of(_device_path(sysfs, f"sys/class/vfio-dev/{name}/device") or "")
+        if addr:
+            cdevs[name] = addr
+    return cdevs
+
+
+def open_device_files(sysfs: Sysfs, missing: MissingEvidence | None = None) -> tuple[list[OpenDeviceFile], bool]:
     """Processes holding GPU, DRM or VFIO device files open.
 
     Reads ``proc/<pid>/fd`` links; as a normal user other users' are not
-    readable, so the scan says whether it is complete.
+    readable, so the scan says whether it is complete (and ``missing`` says why not).
     """
     found: list[OpenDeviceFile] = []
     complete = True
-    for pid in sysfs.listdir("proc"):
+    pids = sysfs.try_listdir("proc")
+    own = sysfs.link_name("proc/self")
+    if pids is None:
+        note(missing, sysfs, "open device files", "proc", rule=IN_USE)
+        complete = False
+    for pid in pids or []:
         if not pid.isdigit():
             continue
         fds = sysfs.try_listdir(f"proc/{pid}/fd")
         if fds is None:
-            # Gone meanwhile, or another user's: only the latter leaves the scan partial.
-            if sysfs.live and sysfs.exists(f"proc/{pid}"):
+            # Gone meanwhile, or not ours to read: only the latter leaves the scan partial.
+            # A capture keeps the capturing process (proc/self, for proc/mounts) but not its fds.
+            if sysfs.exists(f"proc/{pid}") and pid != own:
                 complete = False
+                note(
+                    missing,
+                    sysfs,
+                    "open device files",
+                    f"proc/{pid}/fd",
+                    fix=how_to_read(sysfs.live) + " (other users' open files are visible to root only)",
+                    rule=IN_USE,
+                )
             continue
         command = None
         for fd in fds:
@@ -309,19 +568,82 @@ def open_device_files(sysfs: Sysfs) -> tuple[list[OpenDeviceFile], bool]:
     return found, complete
 
 
-def read_usage(sysfs: Sysfs) -> HostUsage:
-    block, disk_of = _block_devices(sysfs)
-    _mark_block_usage(sysfs, block, disk_of)
-    open_files, complete = open_device_files(sysfs)
-    return HostUsage(
+def read_usage(sysfs: Sysfs, missing: MissingEvidence | None = None) -> HostUsage:
+    """What the host uses; evidence that cannot be read goes into ``missing``."""
+    block, disk_of = _block_devices(sysfs, missing)
+    _mark_block_usage(sysfs, block, disk_of, missing)
+    open_files, complete = open_device_files(sysfs, missing)
+    drm_cards, other_drm = _drm_cards(sysfs)
+    usage = HostUsage(
         block=block,
-        net=_net_interfaces(sysfs),
-        drm_cards=_drm_cards(sysfs),
-        console_devices=_console_devices(sysfs),
+        net=_net_interfaces(sysfs, missing),
+        drm_cards=drm_cards,
+        console_devices=_console_devices(sysfs, missing),
         open_files=open_files,
         open_files_complete=complete,
         nvidia_minors=_nvidia_minors(sysfs),
+        non_pci_drm=other_drm,
     )
+    if any(f.path.startswith("/dev/vfio/devices/") for f in open_files):
+        usage.vfio_cdevs = _vfio_cdevs(sysfs)
+    return usage
+
+
+def open_file_targets(
+    f: OpenDeviceFile, usage: HostUsage, groups: dict[str, list[str]], nvidia_bound: list[str]
+) -> list[str] | None:
+    """The PCI devices an open device file holds; None when which they are cannot be told."""
+    name = f.path.rsplit("/", 1)[-1]
+    if f.path.startswith("/dev/vfio/devices/"):
+        return [usage.vfio_cdevs[name]] if name in usage.vfio_cdevs else None
+    if f.path.startswith("/dev/vfio/"):
+        if not name.isdigit():
+            return []  # /dev/vfio/vfio, the container: holds no device by itself
+        return groups.get(name)
+    if f.path.startswith("/dev/dri/"):
+        if name in usage.non_pci_drm:
+            return []
+        return [usage.drm_cards[name]] if name in usage.drm_cards else None
+    if f.path.startswith("/dev/nvidia"):
+        minor = name[6:]
+        if not minor.isdigit():
+            # nvidiactl, nvidia-uvm: the driver is in use, every GPU it drives with it.
+            return nvidia_bound
+        return [usage.nvidia_minors[int(minor)]] if int(minor) in usage.nvidia_minors else None
+    return []
+
+
+def referenced_devices(usage: HostUsage) -> set[str]:
+    """PCI addresses the host's disks, NICs, displays and open files hang off."""
+    found = {b.pci_device for b in usage.block.values()} | {n.pci_device for n in usage.net.values()}
+    found |= set(usage.drm_cards.values()) | set(usage.console_devices)
+    found |= set(usage.nvidia_minors.values()) | set(usage.vfio_cdevs.values())
+    return {a for a in found if a}
+
+
+def note_unmapped_open_files(
+    sysfs: Sysfs, usage: HostUsage, group_numbers: set[str], missing: MissingEvidence | None
+) -> None:
+    """An open device file whose device cannot be told could be holding any device."""
+    groups = {n: [] for n in group_numbers}
+    for f in usage.open_files:
+        if open_file_targets(f, usage, groups, []) is not None:
+            continue
+        name = f.path.rsplit("/", 1)[-1]
+        where = {
+            "/dev/vfio/devices/": f"sys/class/vfio-dev/{name}",
+            "/dev/vfio/": f"sys/kernel/iommu_groups/{name}",
+            "/dev/dri/": f"sys/class/drm/{name}",
+        }
+        rel = next((r for prefix, r in where.items() if f.path.startswith(prefix)), "proc/driver/nvidia/gpus")
+        note(
+            missing,
+            sysfs,
+            f"the device behind {f.path}",
+            rel,
+            f"{f.command or '?'} (pid {f.pid}) has {f.path} open, and which device that is cannot be read",
+            rule=IN_USE,
+        )
 
 
 def devices_with_open_files(
@@ -331,20 +653,7 @@ def devices_with_open_files(
     held: dict[str, list[str]] = {}
     for f in usage.open_files:
         who = f"{f.command or '?'} (pid {f.pid}) has {f.path} open"
-        targets: list[str] = []
-        name = f.path.rsplit("/", 1)[-1]
-        if f.path.startswith("/dev/vfio/") and name in groups:
-            targets = groups[name]
-        elif f.path.startswith("/dev/dri/") and name in usage.drm_cards:
-            targets = [usage.drm_cards[name]]
-        elif f.path.startswith("/dev/nvidia"):
-            minor = name[6:]
-            if minor.isdigit() and int(minor) in usage.nvidia_minors:
-                targets = [usage.nvidia_minors[int(minor)]]
-            elif not minor.isdigit():
-                # nvidiactl, nvidia-uvm: the driver is in use, every GPU it drives with it.
-                targets = nvidia_bound
-        for addr in targets:
+        for addr in open_file_targets(f, usage, groups, nvidia_bound) or []:
             if PCI_ADDRESS_RE.match(addr):
                 held.setdefault(addr, []).append(who)
     return held
