@@ -100,7 +100,7 @@ def plan_grub(grub_text: str | None, proc_cmdline: str, request: CmdlineRequest,
     plan.args_before, plan.args_after = current, new
     if new != current:
         if found:
-            start, end, quote, _ = found
+            start, end, quote, _rest = found
             quote = "'" if quote == "'" and "'" not in new else '"'
             text = grub_text[:start] + f"{quote}{new}{quote}" + grub_text[end:]
         else:
