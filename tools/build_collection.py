@@ -13,7 +13,7 @@ The repository is the one source. This script copies (never links: links trip
 
 That tree is also the developers' collection (``ansible.cfg``: ``collections_path =
 ./build/collections``). A run whose inputs hash as the last one's changes nothing,
-so every entry point can call it first. ``--tarball`` also runs ``ansible-galaxy
+so every entry point can call it first (docs/collection.md). ``--tarball`` also runs ``ansible-galaxy
 collection build`` and prints the tarball's path. Standard library only.
 """
 
