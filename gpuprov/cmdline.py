@@ -113,7 +113,7 @@ def argument_problem(arg: object) -> tuple[str, str] | None:
     m = _ARGUMENT.match(arg)
     if m:
         return None
-    name, _, value = arg.partition("=")
+    name, _sep, value = arg.partition("=")
     if not re.fullmatch(_NAME, name):
         return (
             f"has the name {show(name)}, not a kernel parameter name",

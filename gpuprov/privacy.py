@@ -118,7 +118,7 @@ def kernel_cmdline(text: str) -> str:
     for token in text.split():
         if token == "--":
             break
-        key, _, value = token.partition("=")
+        key, _sep, value = token.partition("=")
         if key == "root":
             if _DEV_NAME.fullmatch(value):
                 kept.append(token)

@@ -1365,7 +1365,7 @@ def plan_vgpu(facts: HostFacts, request: VgpuRequest, inputs: HostInputs, mig: M
     entries = parse_gpus(request.gpus, plan)
     if request.boot:
         entries = [e for e in entries if e.use in ("sriov_vgpu", "mig")]
-    _, managed = parse_state(inputs.files.get(STATE_FILE), plan)
+    _layout, managed = parse_state(inputs.files.get(STATE_FILE), plan)
     if plan.refused:
         return plan
     _plan_mdevs(facts, [e for e in entries if e.use == "mdev"], managed, inputs, request, plan)
@@ -1440,6 +1440,11 @@ def converge(root: str, request: VgpuRequest, run: Runner | None = None) -> tupl
 # ---------------------------------------------------------------- boot entry point
 
 
+def _say(line: str, *, err: bool = False) -> None:
+    """One line of the boot CLI's output: it runs from gpuprov-vgpu.service, never inside a module."""
+    (sys.stderr if err else sys.stdout).write(line + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m gpuprov.vgpu``: what gpuprov-vgpu.service runs at boot."""
     parser = argparse.ArgumentParser(
@@ -1454,7 +1459,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.state, encoding="utf-8") as f:
             state = json.load(f)
     except (OSError, ValueError) as exc:
-        print(f"gpuprov-vgpu: cannot read {args.state}: {exc}", file=sys.stderr)
+        _say(f"gpuprov-vgpu: cannot read {args.state}: {exc}", err=True)
         return 1
     request = VgpuRequest(
         gpus=state.get("gpus") or {},
@@ -1466,25 +1471,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             plan = plan_host(Sysfs(args.root), request)
             if plan.refused:
-                print(f"gpuprov-vgpu: {plan.refusal_text()}", file=sys.stderr)
+                _say(f"gpuprov-vgpu: {plan.refusal_text()}", err=True)
                 return 1
             for line in plan.describe():
-                print(f"would {line}")
+                _say(f"would {line}")
             return 0
         plan, applied, first = converge(args.root, request)
     except Exception as exc:  # noqa: BLE001 - a boot unit reports, it does not trace back
-        print(f"gpuprov-vgpu: {exc}", file=sys.stderr)
+        _say(f"gpuprov-vgpu: {exc}", err=True)
         return 1
     for warning in plan.warnings:
-        print(f"gpuprov-vgpu: warning: {warning}", file=sys.stderr)
+        _say(f"gpuprov-vgpu: warning: {warning}", err=True)
     for line in (first.done if first else []) + applied.done:
-        print(f"done: {line}")
+        _say(f"done: {line}")
     for line in applied.not_run:
-        print(f"not run (root is not /): {line}")
+        _say(f"not run (root is not /): {line}")
     if not applied.done and not first:
-        print("gpuprov-vgpu: the layout is in place")
+        _say("gpuprov-vgpu: the layout is in place")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -24,6 +24,9 @@ gpuprov lab up
 # The inventory assumes ~/.cache/gpuprov/lab and port 2522; elsewhere (GPUPROV_CACHE,
 # GPUPROV_LAB_PORT) `gpuprov lab status --json` gives the variables to pass.
 extra=$(gpuprov lab status --json | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["inventory_overrides"] or {}))')
+# The roles and modules run as the collection gpuprov.kvm, assembled from this checkout
+# into build/collections (ansible.cfg's collections_path; skipped when nothing changed).
+python tools/build_collection.py
 echo "=== main.sh: ansible-playbook -i inventories/lab playbooks/gpu-passthrough.yml"
 ansible-playbook -i inventories/lab playbooks/gpu-passthrough.yml -e "$extra" "$@"
 echo "main.sh: done; the lab host is still up (gpuprov lab ssh, gpuprov lab down)"

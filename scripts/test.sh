@@ -81,9 +81,33 @@ run_molecule() {
   return $rc
 }
 
+# The collection gpuprov.kvm as a user gets it: its tarball (scripts/build-collection.sh),
+# installed into an empty collections path from outside the checkout; then ansible-test
+# sanity on that installed copy (scripts/collection-sanity.sh; its venvs are cached).
+# tests/test_collection.py plays the installed modules and roles from outside the repo.
+collection_dir=
+collection_build() {
+  local tarball tmp
+  tarball=$(scripts/build-collection.sh --quiet) || return 1
+  tmp=$(mktemp -d)
+  collection_dir=$tmp/ansible_collections/gpuprov/kvm
+  (cd "$tmp" && env -u ANSIBLE_CONFIG ANSIBLE_COLLECTIONS_PATH="$tmp" \
+    ansible-galaxy collection install "$tarball" -p "$tmp") || return 1
+  ls "$collection_dir/MANIFEST.json"
+}
+collection_sanity() {
+  [[ -n $collection_dir ]] || { echo "test.sh: no installed collection (collection build failed)" >&2; return 1; }
+  local rc=0
+  scripts/collection-sanity.sh "$collection_dir" || rc=$?
+  rm -rf "${collection_dir%/ansible_collections/*}"
+  return $rc
+}
+
 total=$SECONDS
 step "ruff check" ruff check .
 step "ruff format" ruff format --check .
+step "collection build" collection_build
+step "ansible-test sanity" collection_sanity
 step "docker engine + image" docker_engine
 step "pytest (python3 $(python_version python))" run_pytest python "$@"
 # Again under Debian 12's own python3, the README's platform (PATH's python3 may be

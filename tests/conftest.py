@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import os
 import tarfile
 from collections.abc import Callable
@@ -30,6 +32,7 @@ settings.load_profile("gpuprov")
 pytest_plugins = ["tests.skip_policy"]
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def captured_hosts() -> list[str]:
@@ -71,3 +74,21 @@ def tree_digest(root: Path) -> str:
             elif path.is_file():
                 h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def build_collection_tool():
+    """tools/build_collection.py as a module (tools/ is no package)."""
+    spec = importlib.util.spec_from_file_location("build_collection", REPO / "tools" / "build_collection.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def collections_path() -> Path:
+    """The checkout's collection gpuprov.kvm, assembled once per test run where ansible.cfg's
+    collections_path expects it; every test that runs ansible calls this first."""
+    tool = build_collection_tool()
+    tool.assemble()
+    return tool.COLLECTIONS

@@ -38,6 +38,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import collections_path
+
 REPO = Path(__file__).resolve().parents[1]
 PLAYBOOK = REPO / "tests" / "playbooks" / "gpu-vms-libvirt.yml"
 URI = "qemu:///system"
@@ -297,6 +299,7 @@ def playbook(libvirt_host: dict[str, Any], tmp_path_factory: pytest.TempPathFact
     }
 
     def run(state: str, **extra: Any) -> tuple[int, dict, list[dict], str]:
+        collections_path()  # the role and module come from the checkout's collection (ansible.cfg)
         variables = {**base_vars, "gpu_vms_state": state, **extra}
         (work / "vars.json").write_text(json.dumps(variables))
         cmd = [

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import tree_digest
+from tests.conftest import collections_path, tree_digest
 from tests.test_cmdline import sourced
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,8 +48,10 @@ def staged(host_root, tmp_path):
 
 
 def run_module(python: str, module: str, args: dict[str, Any], *, check: bool = False) -> dict[str, Any]:
+    """Run gpuprov.kvm.``module`` from the checkout's collection (ansible.cfg) on ``python``."""
     assert ANSIBLE, "ansible is not installed: scripts/test.sh installs the test extra"
-    cmd = [ANSIBLE, "localhost", "-c", "local", "-m", module, "-a", json.dumps(args)]
+    collections_path()
+    cmd = [ANSIBLE, "localhost", "-c", "local", "-m", f"gpuprov.kvm.{module}", "-a", json.dumps(args)]
     cmd += ["-e", f"ansible_python_interpreter={python}", "--diff"] + (["--check"] if check else [])
     env = {
         **os.environ,

@@ -213,7 +213,7 @@ def _torch_bench(
             copy()
             torch.cuda.synchronize(device)
             start.record()
-            for _ in range(iterations):
+            for _round in range(iterations):
                 copy()
             end.record()
             seen = _sample_while_busy(sampler) if sample else {}
@@ -222,16 +222,16 @@ def _torch_bench(
 
         result.buffer_bytes, result.iterations = size, iterations
         result.h2d_gbps, result.link_under_load = timed(lambda: gpu.copy_(host, non_blocking=True), True)
-        result.d2h_gbps, _ = timed(lambda: host.copy_(gpu, non_blocking=True), False)
+        result.d2h_gbps, _no_sample = timed(lambda: host.copy_(gpu, non_blocking=True), False)
         host = gpu = None  # give the 2 x 1 GiB back before the matmul
         a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
         b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-        for _ in range(3):
+        for _warmup in range(3):
             torch.matmul(a, b)
         torch.cuda.synchronize(device)
         reps = 10
         start.record()
-        for _ in range(reps):
+        for _rep in range(reps):
             torch.matmul(a, b)
         end.record()
         end.synchronize()
@@ -261,7 +261,7 @@ def _cupy_bench(
             rt.memcpyAsync(dst, src, size, kind, stream.ptr)
             stream.synchronize()
             start.record(stream)
-            for _ in range(iterations):
+            for _round in range(iterations):
                 rt.memcpyAsync(dst, src, size, kind, stream.ptr)
             end.record(stream)
             seen = _sample_while_busy(sampler) if sample else {}
@@ -270,17 +270,17 @@ def _cupy_bench(
 
         result.buffer_bytes, result.iterations = size, iterations
         result.h2d_gbps, result.link_under_load = timed(gpu.ptr, host.ptr, rt.memcpyHostToDevice, True)
-        result.d2h_gbps, _ = timed(host.ptr, gpu.ptr, rt.memcpyDeviceToHost, False)
+        result.d2h_gbps, _no_sample = timed(host.ptr, gpu.ptr, rt.memcpyDeviceToHost, False)
         host = gpu = None
         # cupy has no bfloat16: float16 runs on the same tensor cores at the same dense peak.
         a = cp.random.random((n, n), dtype=cp.float32).astype(cp.float16)
         b = cp.random.random((n, n), dtype=cp.float32).astype(cp.float16)
-        for _ in range(3):
+        for _warmup in range(3):
             cp.matmul(a, b)
         cp.cuda.Device(dev).synchronize()
         reps = 10
         start.record()
-        for _ in range(reps):
+        for _rep in range(reps):
             cp.matmul(a, b)
         end.record()
         end.synchronize()

@@ -165,7 +165,7 @@ def parse_cdi(text: str, path: str) -> CdiSpec:
         indent = len(line) - len(line.lstrip())
         body = line.strip()
         if indent == 0 and not body.startswith("- "):
-            key, _, value = body.partition(":")
+            key, _sep, value = body.partition(":")
             in_devices = key == "devices"
             item_indent = None
             if key == "kind":

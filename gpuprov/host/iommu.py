@@ -123,7 +123,7 @@ def _cpu_info(sysfs: Sysfs) -> tuple[str | None, bool]:
     """CPU vendor and whether the hypervisor flag is set, from the first processor."""
     vendor, hypervisor = None, False
     for line in sysfs.read_lines("proc/cpuinfo"):
-        key, _, value = line.partition(":")
+        key, _sep, value = line.partition(":")
         key = key.strip()
         if key in ("vendor_id", "CPU implementer") and vendor is None:
             vendor = value.strip()

@@ -111,7 +111,7 @@ class MigFacts:
 
 def smi_address(bus_id: str) -> str:
     """``00000000:E1:00.0`` (nvidia-smi) -> ``0000:e1:00.0`` (sysfs)."""
-    domain, _, rest = bus_id.strip().lower().partition(":")
+    domain, _sep, rest = bus_id.strip().lower().partition(":")
     return f"{int(domain or '0', 16):04x}:{rest}"
 
 

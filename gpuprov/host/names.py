@@ -58,7 +58,7 @@ class PciIds:
                     break
                 if line.startswith("\t\t"):
                     continue
-                dev_id, _, dev_name = line[1:].partition("  ")
+                dev_id, _sep, dev_name = line[1:].partition("  ")
                 try:
                     devices[int(dev_id, 16)] = dev_name.strip()
                 except ValueError:

@@ -21,7 +21,7 @@ def parse_cpulist(text: str | None) -> list[int]:
     """``0-3,8,10-11`` -> [0, 1, 2, 3, 8, 10, 11]; malformed parts are skipped."""
     cpus: list[int] = []
     for part in (text or "").split(","):
-        lo, _, hi = part.strip().partition("-")
+        lo, _sep, hi = part.strip().partition("-")
         try:
             cpus.extend(range(int(lo), int(hi or lo) + 1))
         except ValueError:
@@ -32,7 +32,7 @@ def parse_cpulist(text: str | None) -> list[int]:
 def _meminfo_kib(lines: list[str], key: str) -> int | None:
     # "MemTotal:  123 kB" and per-node "Node 0 MemTotal:  123 kB"
     for line in lines:
-        head, _, value = line.partition(":")
+        head, _sep, value = line.partition(":")
         if head.split()[-1:] == [key]:
             try:
                 return int(value.split()[0])

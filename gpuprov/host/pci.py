@@ -179,7 +179,7 @@ def _uevent_ids(text: str | None) -> dict[str, int | str]:
     sleeping in D3cold)."""
     out: dict[str, int | str] = {}
     for line in (text or "").splitlines():
-        key, _, value = line.partition("=")
+        key, _sep, value = line.partition("=")
         try:
             if key == "PCI_ID":
                 vendor, device = value.split(":")

@@ -136,7 +136,7 @@ class Sysfs:
         """
         # Fast path: a link (or entry) in a directory already resolved, the
         # common case of sys/bus/pci/devices/X and sys/class/*/X.
-        head, _, name = rel.rpartition("/")
+        head, _sep, name = rel.rpartition("/")
         base = self._resolved.get(head)
         if base is not None and name not in ("", ".", ".."):
             target = self.readlink(rel)

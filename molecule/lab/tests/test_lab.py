@@ -210,7 +210,7 @@ def test_the_mdev_exists_and_is_defined_for_boot(host):
 
 def test_edu_sharing_a_group_with_the_default_route_nic_is_refused(host):
     before = snapshot(host)
-    run = adhoc("-m", "vfio_bind", "-a", f"devices={EDU_C}")
+    run = adhoc("-m", "gpuprov.kvm.vfio_bind", "-a", f"devices={EDU_C}")
     out = run.stdout + run.stderr
     assert run.returncode != 0, out
     assert "refused, nothing changed" in out, out

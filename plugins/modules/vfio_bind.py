@@ -22,7 +22,7 @@ description:
   - Runtime sysfs writes and commands run only when O(root) is C(/); against another root the files are
     written below it and the rest is reported in RV(not_run).
 version_added: "0.1.0"
-author: gpuprov contributors
+author: gpuprov contributors (@gpuprov)
 options:
   devices:
     description: Full PCI addresses (C(0000:41:00.0)); never vendor:device ids, two identical GPUs are common.
@@ -49,29 +49,29 @@ options:
     type: list
     elements: str
     default: []
-  root:
-    description: The host's root; C(/) on a real host, a staged or captured root for dry runs and tests.
-    type: path
-    default: /
-notes:
-  - Check mode and C(--diff) show the plan (every sysfs write, file and command) and change nothing.
-  - Idempotent; a second run plans nothing.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpuprov.kvm.plan
+  - gpuprov.kvm.root
+attributes:
+  platform:
+    platforms: posix
 seealso:
-  - module: gpu_host_facts
+  - module: gpuprov.kvm.gpu_host_facts
 """
 
 EXAMPLES = r"""
 - name: Give the second GPU and its audio function to vfio-pci, now and from boot
-  vfio_bind:
+  gpuprov.kvm.vfio_bind:
     devices: ["0000:41:00.0"]
 
 - name: Give it back to the host
-  vfio_bind:
+  gpuprov.kvm.vfio_bind:
     devices: ["0000:41:00.0"]
     state: unbound
 
 - name: Dry run against a captured host
-  vfio_bind:
+  gpuprov.kvm.vfio_bind:
     devices: ["0000:01:00.0"]
     root: /srv/captures/node07
   check_mode: true
@@ -97,23 +97,41 @@ previous_drivers:
   type: dict
   sample: {"0000:01:00.0": "nvidia", "0000:01:00.1": "snd_hda_intel"}
 not_run:
-  description: Runtime actions (sysfs writes, commands) not run because O(root) is not C(/).
+  description: Live actions (sysfs writes, commands) not run because O(root) is not C(/).
   returned: always
   type: list
   elements: str
 refusals:
-  description: Why the module refused, one entry per problem, with the fix.
+  description: Why the module refused, one entry per problem; nothing was changed.
   returned: failed
   type: list
   elements: dict
+  contains:
+    message:
+      description: The problem.
+      type: str
+      returned: always
+    fix:
+      description: How to fix it (null when the message says it).
+      type: str
+      returned: always
+    device:
+      description: The PCI address the problem concerns (null for none).
+      type: str
+      returned: always
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuprov.host.facts import gather
-from ansible.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible.module_utils.gpuprov.modsupport import finish
-from ansible.module_utils.gpuprov.plan import read_text
-from ansible.module_utils.gpuprov.vfio import MANAGED_FILES, VfioRequest, initramfs_tools, plan_vfio
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.facts import gather
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import read_text
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.vfio import (
+    MANAGED_FILES,
+    VfioRequest,
+    initramfs_tools,
+    plan_vfio,
+)
 
 
 def main() -> None:

@@ -23,15 +23,8 @@ description:
   - The target needs no gpuprov installed; the logic travels with the module. Optional libraries
     (pynvml, docker, torch, cupy) are used when the target's Python has them.
 version_added: "0.1.0"
-author: gpuprov contributors
+author: gpuprov contributors (@gpuprov)
 options:
-  root:
-    description:
-      - Read the machine below this directory instead of C(/) (an unpacked C(gpuprov capture), or a staged
-        root). Against another root no NVML, container or bench is run; the GPUs come from the capture's
-        C(capture/nvidia-smi-q-x).
-    type: path
-    default: /
   container:
     description:
       - Start one short-lived container (removed afterwards) that asks Docker for every GPU, when the docker
@@ -62,8 +55,19 @@ options:
     elements: str
     choices: [fail, warn, skip]
     default: [fail]
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpuprov.kvm.root
+attributes:
+  check_mode:
+    support: full
+    details: Changes nothing in either mode; in check mode no container is started and no bench is run.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
 notes:
-  - Changes nothing, so it runs in check mode; in check mode no container is started and no bench is run.
+  - Against a O(root) other than C(/) the GPUs come from the capture's C(capture/nvidia-smi-q-x).
   - The report follows the schema C(gpuprov.verify/v1), documented in C(docs/verify-json.md).
 seealso:
   - name: gpuprov verify
@@ -73,16 +77,16 @@ seealso:
 
 EXAMPLES = r"""
 - name: Check the GPUs, the container runtime and a GPU container; fail on a failed check
-  gpu_verify:
+  gpuprov.kvm.gpu_verify:
 
 - name: Also measure the copies and a matmul, strict about warnings
-  gpu_verify:
+  gpuprov.kvm.gpu_verify:
     bench: true
     image: nvidia/cuda:12.4.1-base-ubuntu22.04
     fail_on: [fail, warn]
 
 - name: Read the state only, and decide in the play
-  gpu_verify:
+  gpuprov.kvm.gpu_verify:
     container: false
     fail_on: []
   register: gpu_state
@@ -147,8 +151,13 @@ report:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible.module_utils.gpuprov.verify import build_report, evaluate, gather, option_error
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.verify import (
+    build_report,
+    evaluate,
+    gather,
+    option_error,
+)
 
 _AUTO = "auto"
 

@@ -13,9 +13,9 @@ description:
   - GRUB (Debian, Ubuntu, SUSE, RHEL without grubby) edits one variable of C(/etc/default/grub) argument
     by argument, keeping every other argument, comment and line, then regenerates the menu with
     C(update-grub) or C(grub2-mkconfig). grubby (RHEL family) is given C(--args)/C(--remove-args).
-  - Reports O(reboot_required) by comparing the wanted arguments with C(/proc/cmdline).
+  - Reports RV(reboot_required) by comparing the wanted arguments with C(/proc/cmdline).
 version_added: "0.1.0"
-author: gpuprov contributors
+author: gpuprov contributors (@gpuprov)
 options:
   arguments:
     description:
@@ -50,19 +50,20 @@ options:
     description: Regenerate the GRUB menu after a change.
     type: bool
     default: true
-  root:
-    description: The host's root; commands run only when it is C(/).
-    type: path
-    default: /
-notes:
-  - Check mode and C(--diff) show the change and make none.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpuprov.kvm.plan
+  - gpuprov.kvm.root
+attributes:
+  platform:
+    platforms: posix
 seealso:
-  - module: vfio_bind
+  - module: gpuprov.kvm.vfio_bind
 """
 
 EXAMPLES = r"""
 - name: Turn the IOMMU on (Intel) in passthrough mode
-  kernel_cmdline:
+  gpuprov.kvm.kernel_cmdline:
     arguments: [intel_iommu=on, iommu=pt]
   register: cmdline
 
@@ -71,7 +72,7 @@ EXAMPLES = r"""
     msg: "reboot required: {{ cmdline.reboot_required }}"
 
 - name: Drop an argument
-  kernel_cmdline:
+  gpuprov.kvm.kernel_cmdline:
     remove: [pcie_acs_override]
 
 - name: A value with a space, in the kernel's double-quoted form
@@ -99,19 +100,37 @@ bootloader:
   returned: success
   type: str
 plan:
-  description: Every action, as text.
+  description: Every action, as text, in order (also in check mode).
   returned: always
   type: list
   elements: str
 not_run:
-  description: Commands not run because O(root) is not C(/).
+  description: Live actions (sysfs writes, commands) not run because O(root) is not C(/).
   returned: always
   type: list
   elements: str
+refusals:
+  description: Why the module refused, one entry per problem; nothing was changed.
+  returned: failed
+  type: list
+  elements: dict
+  contains:
+    message:
+      description: The problem.
+      type: str
+      returned: always
+    fix:
+      description: How to fix it (null when the message says it).
+      type: str
+      returned: always
+    device:
+      description: The PCI address the problem concerns (null for none).
+      type: str
+      returned: always
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuprov.cmdline import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.cmdline import (
     GRUB_DEFAULT,
     GRUB_DROPINS,
     CmdlinePlan,
@@ -120,9 +139,9 @@ from ansible.module_utils.gpuprov.cmdline import (
     plan_grub,
     plan_grubby,
 )
-from ansible.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible.module_utils.gpuprov.modsupport import finish
-from ansible.module_utils.gpuprov.plan import COMMAND, read_text
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import COMMAND, read_text
 
 
 def grub_update_argv(sysfs: Sysfs) -> list[str] | None:

@@ -34,7 +34,7 @@ description:
   - Runtime sysfs writes and commands run only when O(root) is C(/); against another root the files are written
     below it and the rest is reported in RV(not_run).
 version_added: "0.1.0"
-author: gpuprov contributors
+author: gpuprov contributors (@gpuprov)
 options:
   gpus:
     description:
@@ -72,22 +72,23 @@ options:
         after a GPU reset or a reboot, run again afterwards to create the instances.
     type: bool
     default: false
-  root:
-    description: The host's root; C(/) on a real host, a staged or captured root for dry runs and tests.
-    type: path
-    default: /
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpuprov.kvm.plan
+  - gpuprov.kvm.root
+attributes:
+  platform:
+    platforms: posix
 notes:
-  - Check mode and C(--diff) show the plan (every sysfs write, file and command) and change nothing.
   - Where the VFs of a GPU are not enabled yet, their types are checked and set in a second pass once the VFs exist.
-  - Idempotent; a second run plans nothing.
 seealso:
-  - module: vfio_bind
-  - module: gpu_host_facts
+  - module: gpuprov.kvm.vfio_bind
+  - module: gpuprov.kvm.gpu_host_facts
 """
 
 EXAMPLES = r"""
 - name: Two mtty mdevs (the kernel's sample parent), one with a fixed UUID
-  gpu_vgpu:
+  gpuprov.kvm.gpu_vgpu:
     gpus:
       mtty:
         use: mdev
@@ -96,12 +97,12 @@ EXAMPLES = r"""
           - {type: "Single port serial"}
 
 - name: Everything from the inventory, with the equal-share scheduler
-  gpu_vgpu:
+  gpuprov.kvm.gpu_vgpu:
     gpus: "{{ gpuprov_gpus }}"
     scheduler: equal_share
 
 - name: What would change on a captured host
-  gpu_vgpu:
+  gpuprov.kvm.gpu_vgpu:
     gpus:
       "0000:c1:00.0": {use: sriov_vgpu, vgpus: [{type: "NVIDIA A100-4C"}, {type: "NVIDIA A100-4C"}]}
       "0000:e1:00.0": {use: mig, mig: {"1g.10gb": 7}}
@@ -163,22 +164,35 @@ first_pass:
   type: list
   elements: str
 not_run:
-  description: Runtime actions (sysfs writes, commands) not run because O(root) is not C(/).
+  description: Live actions (sysfs writes, commands) not run because O(root) is not C(/).
   returned: always
   type: list
   elements: str
 refusals:
-  description: Why the module refused, one entry per problem, with the fix.
+  description: Why the module refused, one entry per problem; nothing was changed.
   returned: failed
   type: list
   elements: dict
+  contains:
+    message:
+      description: The problem.
+      type: str
+      returned: always
+    fix:
+      description: How to fix it (null when the message says it).
+      type: str
+      returned: always
+    device:
+      description: The PCI address the problem concerns (null for none).
+      type: str
+      returned: always
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible.module_utils.gpuprov.modsupport import finish
-from ansible.module_utils.gpuprov.plan import ApplyError
-from ansible.module_utils.gpuprov.vgpu import VgpuRequest, enable_then_replan, plan_host
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import ApplyError
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.vgpu import VgpuRequest, enable_then_replan, plan_host
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ description:
   - Refuses, changing nothing, when no entry of the release is found.
   - Does not run C(apt-get update); the role does when a file changed.
 version_added: "0.1.0"
-author: gpuprov contributors
+author: gpuprov contributors (@gpuprov)
 options:
   codename:
     description: The release's codename (C(ansible_facts.distribution_release)), e.g. C(bookworm), C(noble).
@@ -29,17 +29,18 @@ options:
     type: list
     elements: str
     required: true
-  root:
-    description: The guest's root; C(/) on a real guest, a staged root for dry runs and tests.
-    type: path
-    default: /
-notes:
-  - Check mode and C(--diff) show the edits and change nothing. Idempotent.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpuprov.kvm.plan
+  - gpuprov.kvm.root
+attributes:
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""
 - name: The NVIDIA driver is in contrib and non-free on Debian
-  apt_components:
+  gpuprov.kvm.apt_components:
     codename: "{{ ansible_facts['distribution_release'] }}"
     components: [contrib, non-free, non-free-firmware]
 """
@@ -53,21 +54,39 @@ entries:
   sample: [{"path": "/etc/apt/sources.list.d/debian.sources", "suites": ["bookworm", "bookworm-updates"],
             "components": ["main"], "added": ["contrib", "non-free", "non-free-firmware"]}]
 plan:
-  description: The file edits, as text (also in check mode).
+  description: Every action, as text, in order (also in check mode).
   returned: always
   type: list
   elements: str
 refusals:
-  description: Why the module refused, with the fix.
+  description: Why the module refused, one entry per problem; nothing was changed.
   returned: failed
   type: list
   elements: dict
+  contains:
+    message:
+      description: The problem.
+      type: str
+      returned: always
+    fix:
+      description: How to fix it (null when the message says it).
+      type: str
+      returned: always
+    device:
+      description: The PCI address the problem concerns (null for none).
+      type: str
+      returned: always
+not_run:
+  description: Live actions (sysfs writes, commands) not run because O(root) is not C(/).
+  returned: always
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuprov.guest.aptsources import plan_components
-from ansible.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.guest.aptsources import plan_components
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ description:
   - With O(fingerprint), refuses a key whose primary key has another fingerprint, writing nothing.
   - Refuses data that is not an OpenPGP public key (an HTML error page, a truncated download), writing nothing.
 version_added: "0.1.0"
-author: gpuprov contributors
+author: gpuprov contributors (@gpuprov)
 options:
   dest:
     description: The keyring file, e.g. C(/etc/apt/keyrings/nvidia-container-toolkit.gpg).
@@ -35,13 +35,22 @@ options:
     description: The keyring's file mode.
     type: str
     default: "0644"
-notes:
-  - Check mode reports whether the keyring would change and writes nothing.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports whether the keyring would change and writes nothing.
+  diff_mode:
+    support: full
+    details: Names the keyring and the fingerprints it would hold.
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""
 - name: NVIDIA's container toolkit key
-  apt_keyring:
+  gpuprov.kvm.apt_keyring:
     url: https://nvidia.github.io/libnvidia-container/gpgkey
     dest: /etc/apt/keyrings/nvidia-container-toolkit.gpg
 """
@@ -63,14 +72,14 @@ import base64
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuprov.guest.keyring import (
+from ansible.module_utils.urls import fetch_url
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.guest.keyring import (
     KeyDataError,
     dearmor,
     fingerprints,
     normalize_fingerprint,
 )
-from ansible.module_utils.gpuprov.plan import write_file_atomic
-from ansible.module_utils.urls import fetch_url
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import write_file_atomic
 
 
 def main() -> None:

@@ -17,21 +17,29 @@ description:
     and for each GPU a readiness verdict with every reason.
   - The target needs no gpuprov installed; the logic travels with the module.
 version_added: "0.1.0"
-author: gpuprov contributors
+author: gpuprov contributors (@gpuprov)
 options:
-  root:
-    description:
-      - Read the host below this directory instead of C(/), e.g. an unpacked C(gpuprov capture).
-    type: path
-    default: /
   devices:
     description:
       - Full PCI addresses of devices to assess besides the display-class GPUs (stand-ins, accelerators).
     type: list
     elements: str
     default: []
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
+  - gpuprov.kvm.root
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; changes nothing, in check mode or not.
+  diff_mode:
+    support: none
+  facts:
+    support: full
+  platform:
+    platforms: posix
 notes:
-  - Runs in check mode; changes nothing.
   - The fact follows the schema C(gpuprov.inspect/v1), documented in C(docs/inspect-json.md).
 seealso:
   - name: gpuprov inspect
@@ -41,7 +49,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Read GPU facts
-  gpu_host_facts:
+  gpuprov.kvm.gpu_host_facts:
 
 - name: Stop when a GPU meant for guests is not ready
   vars:
@@ -51,7 +59,7 @@ EXAMPLES = r"""
     fail_msg: "{{ gpu.findings | selectattr('severity', 'equalto', 'blocker') | map(attribute='message') }}"
 
 - name: Read a captured host
-  gpu_host_facts:
+  gpuprov.kvm.gpu_host_facts:
     root: /srv/captures/gpu-node-07
 """
 
@@ -87,11 +95,11 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuprov.assess import assess
-from ansible.module_utils.gpuprov.host.facts import gather
-from ansible.module_utils.gpuprov.host.pci import PciAddressError, normalize_address
-from ansible.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible.module_utils.gpuprov.report import build_report
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.assess import assess
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.facts import gather
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.pci import PciAddressError, normalize_address
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.report import build_report
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ description:
     persistent definition (what libvirt adds, such as addresses of its own controllers, and whitespace do not
     count). A running domain whose definition changed reports RV(needs_restart).
 version_added: "0.1.0"
-author: gpuprov contributors
+author: gpuprov contributors (@gpuprov)
 requirements:
   - libvirt Python bindings on the target's interpreter (Debian/Ubuntu C(python3-libvirt), EL
     C(python3-libvirt), or C(libvirt-python) from PyPI); the module fails with that message without them.
@@ -33,16 +33,138 @@ requirements:
 options:
   vm:
     description:
-      - The VM, as one entry of the host's VM list. Keys C(name) (the domain's name; required),
-        C(state), C(memory_mib), C(vcpus), C(firmware) (C(efi) or C(bios)), C(accel) (C(kvm) or C(tcg)),
-        C(machine), C(gpus) (full PCI addresses, or mappings with C(address) and C(rom) on/off/file),
-        C(vfs) (addresses, or mappings with C(address) and C(vgpu_type)), C(mdevs) (mappings with C(parent),
-        C(type) and C(uuid)), C(numa_node), C(cpuset), C(pin), C(hugepages) (C(auto), C(yes), C(no)),
-        C(hide_kvm), C(vendor_id), C(network), C(mac), C(disk) (C(base), C(size_gib), C(path)),
-        C(cloud_init) (C(user), C(ssh_authorized_keys), C(hostname), C(packages)), C(boot) (C(kernel),
-        C(initrd), C(cmdline) for direct kernel boot) and C(autostart). See the role gpu_vms' README section.
+      - The VM, as one entry of the host's VM list (C(gpu_vms_list)); the same entries C(gpuprov plan) checks.
+      - Checked by gpuprov's VM-list validator, not by Ansible's argument spec, so that the module and
+        C(gpuprov plan) read an entry alike; a malformed entry or an unknown key is a refusal naming it.
     type: dict
     required: true
+    suboptions:
+      name:
+        description: The libvirt domain's name; letters, digits and C(_.+-), at most 63.
+        type: str
+        required: true
+      state:
+        description: What the domain should be; overrides O(state).
+        type: str
+        choices: [running, shutdown, defined, absent]
+      memory_mib:
+        description: Guest memory in MiB (at least 64). All of it is pinned while a device is passed through.
+        type: int
+        default: 1024
+      vcpus:
+        description: Virtual CPUs.
+        type: int
+        default: 1
+      firmware:
+        description: C(efi) (OVMF, Secure Boot off) or C(bios).
+        type: str
+        choices: [efi, bios]
+        default: efi
+      accel:
+        description: C(kvm), or C(tcg) on hosts without KVM.
+        type: str
+        choices: [kvm, tcg]
+        default: kvm
+      machine:
+        description: A q35 machine type (C(q35), C(pc-q35-8.2)...).
+        type: str
+        default: q35
+      gpus:
+        description:
+          - GPUs passed through whole, by full PCI address (their audio/USB functions come along), or
+            mappings with C(address) and C(rom) (C(on), C(off) or an absolute path to a ROM file).
+        type: list
+        elements: raw
+      vfs:
+        description:
+          - SR-IOV VFs (NVIDIA SR-IOV vGPU), by full PCI address, or mappings with C(address) and C(vgpu_type)
+            (the vGPU type ID written to the VF's C(nvidia/current_vgpu_type)).
+        type: list
+        elements: raw
+      mdevs:
+        description:
+          - mdev vGPUs, mappings with C(parent) (PCI address or parent name), C(type) (e.g. C(nvidia-474)) and
+            C(uuid) (derived from the VM's name when absent, the same on every run).
+        type: list
+        elements: dict
+      numa_node:
+        description: The NUMA node for vCPUs and memory; default the node of the first GPU, VF or mdev parent.
+        type: int
+      cpuset:
+        description: Host CPUs, one per vCPU (C(8-15) or a list), instead of the automatic placement.
+        type: raw
+      pin:
+        description: Pin each vCPU to a host CPU of the node.
+        type: bool
+        default: true
+      hugepages:
+        description: Back memory with hugepages; C(auto) when enough are reserved on the node, C(yes) requires them.
+        type: str
+        choices: [auto, "yes", "no"]
+        default: auto
+      hide_kvm:
+        description: Hide the hypervisor from the guest; default on for consumer NVIDIA GPUs (GeForce, TITAN).
+        type: bool
+      vendor_id:
+        description: The Hyper-V vendor_id shown to the guest, 1 to 12 letters or digits.
+        type: str
+      network:
+        description: The libvirt network of the VM's virtio NIC; empty for no NIC.
+        type: str
+        default: default
+      mac:
+        description: The NIC's MAC address; default derived from the name, the same on every run.
+        type: str
+      disk:
+        description: The VM's disk, a qcow2 overlay on a base image.
+        type: dict
+        suboptions:
+          base:
+            description: The base image (absolute path) the overlay is backed by.
+            type: path
+          size_gib:
+            description: The overlay's virtual size in GiB; default the base's.
+            type: int
+          path:
+            description: The overlay (absolute path); default C(STORAGE_DIR/NAME.qcow2).
+            type: path
+      cloud_init:
+        description: A cloud-init NoCloud seed ISO for the guest.
+        type: dict
+        suboptions:
+          user:
+            description: The user cloud-init creates.
+            type: str
+            default: gpuadmin
+          ssh_authorized_keys:
+            description: Public keys for that user.
+            type: list
+            elements: str
+          hostname:
+            description: The guest's host name; default the VM's name.
+            type: str
+          packages:
+            description: Packages cloud-init installs.
+            type: list
+            elements: str
+      boot:
+        description: Direct kernel boot from files on the host.
+        type: dict
+        suboptions:
+          kernel:
+            description: The kernel (absolute path).
+            type: path
+            required: true
+          initrd:
+            description: The initrd (absolute path).
+            type: path
+          cmdline:
+            description: The kernel command line.
+            type: str
+      autostart:
+        description: Start the domain when libvirt starts.
+        type: bool
+        default: false
   state:
     description:
       - What the domain should be. The VM entry's own C(state) key wins over this.
@@ -54,14 +176,14 @@ options:
     default: running
   defaults:
     description:
-      - Keys every VM of the list gets unless it sets them (the role passes C(gpu_vms_defaults)); mappings
-        such as C(cloud_init) merge key by key. Applied to O(vm) and to each of O(host_vms).
+      - Keys of O(vm) every VM of the list gets unless it sets them (the role passes C(gpu_vms_defaults));
+        mappings such as C(cloud_init) merge key by key. Applied to O(vm) and to each of O(host_vms).
     type: dict
     default: {}
   host_vms:
     description:
-      - The host's whole VM list. CPU pinning places this VM after the ones before it in that list and the
-        whole list is checked, so VMs never share pinned CPUs or devices. Empty means this VM alone.
+      - The host's whole VM list, entries like O(vm). CPU pinning places this VM after the ones before it in
+        that list and the whole list is checked, so VMs never share pinned CPUs or devices. Empty means this VM alone.
     type: list
     elements: dict
     default: []
@@ -99,18 +221,25 @@ options:
     type: int
     default: 180
   root:
-    description: The host's root for its facts (C(/) on a real host; a captured root for dry runs).
-    type: path
-    default: /
-notes:
-  - Check mode reports the plan and, with C(--diff), the domain XML diff and seed files; it changes nothing.
+    description:
+      - The host's root for its facts and sysfs writes (mdev creation, a VF's vGPU type); C(/) on a real host,
+        a captured root for dry runs. The disk and seed go to O(storage_dir) and the domain to O(uri) either way.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpuprov.kvm.plan
+  - gpuprov.kvm.root
+attributes:
+  diff_mode:
+    details: Shows the domain XML diff and the seed files.
+  platform:
+    platforms: posix
 seealso:
-  - module: vfio_bind
+  - module: gpuprov.kvm.vfio_bind
 """
 
 EXAMPLES = r"""
 - name: A training VM with a whole GPU (and its audio function), pinned to the GPU's NUMA node
-  gpu_vm:
+  gpuprov.kvm.gpu_vm:
     vm:
       name: train-01
       memory_mib: 131072
@@ -121,13 +250,13 @@ EXAMPLES = r"""
     wait_for_address: 600
 
 - name: Two VMs sharing a GPU through mdev vGPUs of one type
-  gpu_vm:
+  gpuprov.kvm.gpu_vm:
     vm: "{{ item }}"
     host_vms: "{{ gpu_vms_list }}"
   loop: "{{ gpu_vms_list }}"
 
 - name: Remove a VM and its overlay
-  gpu_vm:
+  gpuprov.kvm.gpu_vm:
     vm: {name: train-01}
     state: absent
     remove_storage: true
@@ -135,7 +264,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 plan:
-  description: Every step, as text, in order (also in check mode).
+  description: Every action, as text, in order (also in check mode).
   returned: always
   type: list
   elements: str
@@ -184,21 +313,34 @@ needs_restart:
   returned: success
   type: bool
 not_run:
-  description: sysfs writes (mdev creation, vGPU type) not run because O(root) is not C(/).
+  description: Live actions (sysfs writes, commands) not run because O(root) is not C(/).
   returned: always
   type: list
   elements: str
 refusals:
-  description: Why the module refused, one entry per problem, with the fix.
+  description: Why the module refused, one entry per problem; nothing was changed.
   returned: failed
   type: list
   elements: dict
+  contains:
+    message:
+      description: The problem.
+      type: str
+      returned: always
+    fix:
+      description: How to fix it (null when the message says it).
+      type: str
+      returned: always
+    device:
+      description: The PCI address the problem concerns (null for none).
+      type: str
+      returned: always
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuprov.host.facts import gather
-from ansible.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible.module_utils.gpuprov.virt import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.facts import gather
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.virt import (
     LibvirtMissing,
     LiveDomain,
     StorageState,
@@ -213,7 +355,7 @@ from ansible.module_utils.gpuprov.virt import (
     read_storage,
     vm_paths,
 )
-from ansible.module_utils.gpuprov.vms import HostSettings, merge_defaults, plan_host
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.vms import HostSettings, merge_defaults, plan_host
 
 
 def main() -> None:

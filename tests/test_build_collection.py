@@ -1,0 +1,77 @@
+"""tools/build_collection.py: what goes into plugins/module_utils, what it refuses, and
+that an unchanged checkout is not assembled again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import build_collection_tool
+
+tool = build_collection_tool()
+
+
+def test_module_utils_are_the_modules_import_closure_without_the_command_line() -> None:
+    files = {p.relative_to(tool.REPO / "gpuprov").as_posix() for p in tool.module_utils_closure()}
+    # imported by modules directly, by the package lazily (virt -> modsupport), and packages on the way
+    assert {"__init__.py", "host/__init__.py", "host/sysfs.py", "report.py", "modsupport.py", "vgpu.py"} <= files
+    assert not {f"{name}.py" for name in tool.CLI_ONLY} & files
+
+
+def fake_repo(tmp_path: Path, package: dict[str, str], module: str) -> Path:
+    for name, text in package.items():
+        (tmp_path / "gpuprov" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "gpuprov" / name).write_text(text)
+    (tmp_path / "plugins" / "modules").mkdir(parents=True)
+    (tmp_path / "plugins" / "modules" / "m.py").write_text(module)
+    return tmp_path
+
+
+IMPORT = f"from {tool.UTILS_PACKAGE}.facts import gather\n"
+
+
+@pytest.mark.parametrize(
+    ("package", "message"),
+    [
+        (
+            {"facts.py": "from .cli import main\n", "cli.py": ""},
+            "imports gpuprov.cli (command line only) at module level",
+        ),
+        ({"facts.py": "import yaml\n"}, "imports yaml at module level"),
+        ({"facts.py": "from rich.table import Table\n"}, "imports rich.table at module level"),
+        ({"facts.py": "from .nothere import x\n"}, "no module gpuprov.nothere"),
+    ],
+)
+def test_what_a_target_cannot_import_is_refused(tmp_path: Path, monkeypatch, package, message) -> None:
+    monkeypatch.setattr(tool, "REPO", fake_repo(tmp_path, {"__init__.py": "", **package}, IMPORT))
+    with pytest.raises(tool.BuildError) as refused:
+        tool.module_utils_closure()
+    assert message in str(refused.value)
+
+
+def test_lazy_imports_of_the_command_line_and_of_optional_libraries_are_fine(tmp_path: Path, monkeypatch) -> None:
+    package = {
+        "__init__.py": '__version__ = "1"\n',
+        "facts.py": "from . import __version__\n\n\ndef f():\n    from .cli import main\n    import pynvml\n"
+        "    from .plan import x\n",
+        "plan.py": "x = 1\n",
+        "cli.py": "import rich\n",
+    }
+    monkeypatch.setattr(tool, "REPO", fake_repo(tmp_path, package, IMPORT))
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tool.module_utils_closure())
+    assert files == ["gpuprov/__init__.py", "gpuprov/facts.py", "gpuprov/plan.py"]
+
+
+def test_a_symlink_is_refused(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(tool, "REPO", fake_repo(tmp_path, {"__init__.py": "", "facts.py": ""}, IMPORT))
+    (tmp_path / "plugins" / "modules" / "link.py").symlink_to(tmp_path / "plugins" / "modules" / "m.py")
+    with pytest.raises(tool.BuildError, match="is a symlink"):
+        tool.module_utils_closure()
+
+
+def test_an_unchanged_checkout_is_not_assembled_again() -> None:
+    tool.assemble()
+    stamp = tool.STAMP.stat().st_mtime_ns
+    assert tool.assemble() is False and tool.STAMP.stat().st_mtime_ns == stamp
+    assert (tool.TREE / "galaxy.yml").read_text().endswith(f"\nversion: {tool.version()}\n")

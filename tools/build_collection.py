@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""Assemble the Ansible collection gpuprov.kvm from this repository; optionally build its tarball.
+
+The repository is the one source. This script copies (never links: links trip
+``ansible-test sanity``) into ``build/collections/ansible_collections/gpuprov/kvm/``:
+
+- ``collection/`` (galaxy.yml, with the version of ``gpuprov/__init__.py`` written in;
+  meta/runtime.yml; tests/config.yml and tests/sanity/), README.md and LICENSE;
+- ``plugins/modules`` and ``plugins/doc_fragments``;
+- ``plugins/module_utils/gpuprov``: the part of the ``gpuprov`` package the modules
+  import, found by following their imports (:data:`CLI_ONLY` stops the walk);
+- ``roles/`` and ``playbooks/``.
+
+That tree is also the developers' collection (``ansible.cfg``: ``collections_path =
+./build/collections``). A run whose inputs hash as the last one's changes nothing,
+so every entry point can call it first (docs/collection.md). ``--tarball`` also runs ``ansible-galaxy
+collection build`` and prints the tarball's path. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NAMESPACE, NAME = "gpuprov", "kvm"
+BUILD = REPO / "build"
+COLLECTIONS = BUILD / "collections"
+TREE = COLLECTIONS / "ansible_collections" / NAMESPACE / NAME
+STAMP = COLLECTIONS / f".{NAMESPACE}.{NAME}.inputs"
+# How a module imports the package: the collection form, also in the checkout.
+UTILS_PACKAGE = f"ansible_collections.{NAMESPACE}.{NAME}.plugins.module_utils.gpuprov"
+
+# The gpuprov modules that are the command line's, not the modules': the import walk
+# stops at them. Module-side code may name them only inside a function that the
+# modules never call (verify.py's CLI entry imports .cli); at module level that is an
+# error, as is any import at module level outside the standard library and Ansible.
+CLI_ONLY = frozenset({"__main__", "cli", "capture", "debpkg", "lab", "plancmd", "table"})
+
+# Copied whole, below the repo root -> below the collection root.
+TREES = {
+    "plugins/modules": "plugins/modules",
+    "plugins/doc_fragments": "plugins/doc_fragments",
+    "roles": "roles",
+    "playbooks": "playbooks",
+    "collection/meta": "meta",
+    "collection/tests": "tests",
+}
+FILES = {"README.md": "README.md", "LICENSE": "LICENSE"}
+SKIP_NAMES = {"__pycache__", ".pytest_cache", ".ruff_cache", ".molecule"}
+
+
+class BuildError(Exception):
+    """The collection cannot be assembled; the message names the file and the fix."""
+
+
+def version() -> str:
+    text = (REPO / "gpuprov" / "__init__.py").read_text()
+    match = re.search(r'^__version__ = "([^"]+)"$', text, re.MULTILINE)
+    if not match:
+        raise BuildError('gpuprov/__init__.py has no line __version__ = "X.Y.Z"')
+    return match.group(1)
+
+
+def walk(top: Path) -> Iterator[Path]:
+    """Every file below ``top``, sorted, without caches; a link is an error (sanity rejects them)."""
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_NAMES)
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            if name.endswith(".pyc"):
+                continue
+            if path.is_symlink():
+                raise BuildError(f"{path.relative_to(REPO)} is a symlink: collections hold plain files; copy it")
+            yield path
+
+
+def _module_file(parts: list[str]) -> Path | None:
+    """The file of gpuprov module ``parts`` (relative to the package), or None when it is no module."""
+    base = REPO.joinpath("gpuprov", *parts)
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    return None
+
+
+def _is_stdlib_or_ansible(name: str) -> bool:
+    top = name.split(".")[0]
+    return top in sys.stdlib_module_names or top == "ansible" or name.startswith(UTILS_PACKAGE)
+
+
+def _imports(path: Path, parts: list[str]) -> Iterator[tuple[list[str], bool, int]]:
+    """(gpuprov module imported, at module level?, line) for every import of package modules in ``path``.
+
+    ``parts`` is ``path``'s module, relative to the package (``[]`` for modules outside it).
+    Raises BuildError for a module-level import from outside the standard library and Ansible."""
+    tree = ast.parse(path.read_text(), str(path))
+    top_level = {id(node) for node in tree.body}
+    is_pkg = path.name == "__init__.py"
+    here = parts if is_pkg else parts[:-1]
+    for node in ast.walk(tree):
+        module_level = id(node) in top_level
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if module_level and not _is_stdlib_or_ansible(alias.name):
+                    raise BuildError(f"{path.relative_to(REPO)}:{node.lineno}: imports {alias.name} at module level")
+            continue
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level == 0:
+            name = node.module or ""
+            if name == UTILS_PACKAGE or name.startswith(UTILS_PACKAGE + "."):
+                base = name[len(UTILS_PACKAGE) :].lstrip(".").split(".") if name != UTILS_PACKAGE else []
+                base = [p for p in base if p]
+            elif module_level and not _is_stdlib_or_ansible(name):
+                raise BuildError(f"{path.relative_to(REPO)}:{node.lineno}: imports {name} at module level")
+            else:
+                continue
+        else:
+            base = here[: len(here) - (node.level - 1)] if node.level > 1 else list(here)
+            base = base + (node.module.split(".") if node.module else [])
+        yield base, module_level, node.lineno
+        # `from . import x`: x is a module of its own when it has a file
+        for alias in node.names:
+            if _module_file([*base, alias.name]) is not None:
+                yield [*base, alias.name], module_level, node.lineno
+
+
+def module_utils_closure() -> list[Path]:
+    """The gpuprov files the modules import, directly or not, with their packages' __init__.py."""
+    todo: list[tuple[Path, list[str]]] = [(p, []) for p in walk(REPO / "plugins" / "modules") if p.suffix == ".py"]
+    seen: dict[Path, list[str]] = {}
+    while todo:
+        path, parts = todo.pop()
+        for target, module_level, line in _imports(path, parts):
+            if target and target[0] in CLI_ONLY:
+                if module_level:
+                    raise BuildError(
+                        f"{path.relative_to(REPO)}:{line}: imports gpuprov.{'.'.join(target)} (command line only) "
+                        "at module level; import it inside the function that needs it"
+                    )
+                continue
+            for depth in range(len(target) + 1):  # the packages on the way, then the module
+                prefix = target[:depth]
+                found = _module_file(prefix)
+                if found is None:
+                    if depth == len(target):
+                        raise BuildError(f"{path.relative_to(REPO)}:{line}: no module gpuprov.{'.'.join(target)}")
+                    continue
+                if found not in seen:
+                    seen[found] = prefix
+                    todo.append((found, prefix))
+    return sorted(seen)
+
+
+def plan_copies() -> dict[str, Path]:
+    """Collection-relative path -> repo file, for everything but galaxy.yml."""
+    copies: dict[str, Path] = {}
+    for src, dest in TREES.items():
+        if not (REPO / src).is_dir():
+            raise BuildError(f"{src}/ is missing")
+        for path in walk(REPO / src):
+            copies[f"{dest}/{path.relative_to(REPO / src).as_posix()}"] = path
+    for src, dest in FILES.items():
+        copies[dest] = REPO / src
+    for path in module_utils_closure():
+        copies[f"plugins/module_utils/{path.relative_to(REPO).as_posix()}"] = path
+    return copies
+
+
+def galaxy_yml() -> str:
+    text = (REPO / "collection" / "galaxy.yml").read_text()
+    if re.search(r"^version:", text, re.MULTILINE):
+        raise BuildError("collection/galaxy.yml sets version: drop it; the version is gpuprov/__init__.py's")
+    return text.rstrip("\n") + f"\nversion: {version()}\n"
+
+
+def inputs_digest(copies: dict[str, Path], galaxy: str) -> str:
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(galaxy.encode())
+    for dest, src in sorted(copies.items()):
+        digest.update(f"\0{dest}\0{os.stat(src).st_mode & 0o111:o}\0".encode())
+        digest.update(src.read_bytes())
+    return digest.hexdigest()
+
+
+def assemble() -> bool:
+    """Make TREE match the repository; False when it already did (nothing written)."""
+    COLLECTIONS.mkdir(parents=True, exist_ok=True)
+    with open(COLLECTIONS / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the test session and a script may build at once
+        copies = plan_copies()
+        galaxy = galaxy_yml()
+        digest = inputs_digest(copies, galaxy)
+        if TREE.is_dir() and STAMP.is_file() and STAMP.read_text().strip() == digest:
+            return False
+        TREE.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{NAME}.", dir=TREE.parent))
+        for dest, src in copies.items():
+            target = staging / dest
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+        (staging / "galaxy.yml").write_text(galaxy)
+        if TREE.exists():
+            old = TREE.with_name(f".{NAME}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            TREE.rename(old)
+            staging.rename(TREE)
+            shutil.rmtree(old)
+        else:
+            staging.rename(TREE)
+        STAMP.write_text(digest + "\n")
+        return True
+
+
+def tarball(output: Path) -> Path:
+    """``ansible-galaxy collection build`` of TREE into ``output``; the tarball's path."""
+    galaxy = shutil.which("ansible-galaxy", path=str(Path(sys.executable).parent)) or shutil.which("ansible-galaxy")
+    if galaxy is None:
+        raise BuildError("ansible-galaxy not found: install the ansible extra (scripts/bootstrap.sh ansible)")
+    output.mkdir(parents=True, exist_ok=True)
+    cmd = [galaxy, "collection", "build", str(TREE), "--output-path", str(output), "--force"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
+    if proc.returncode != 0:
+        raise BuildError(f"ansible-galaxy collection build failed:\n{proc.stdout}{proc.stderr}")
+    path = output / f"{NAMESPACE}-{NAME}-{version()}.tar.gz"
+    if not path.is_file():
+        raise BuildError(f"ansible-galaxy built no {path.name}:\n{proc.stdout}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tarball", action="store_true", help="also build the collection tarball")
+    parser.add_argument("--output", type=Path, default=BUILD, help="where the tarball goes (default: build/)")
+    parser.add_argument("--quiet", action="store_true", help="print only the tarball's path")
+    args = parser.parse_args(argv)
+    try:
+        changed = assemble()
+        if not args.quiet:
+            print(f"{TREE.relative_to(REPO)}: {'assembled' if changed else 'up to date'}", file=sys.stderr)
+        if args.tarball:
+            print(tarball(args.output))
+    except (BuildError, OSError, SyntaxError) as exc:
+        print(f"build_collection: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
