@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import collections_path
+
 REPO = Path(__file__).resolve().parents[1]
-PLAYBOOK = "- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles:\n    - role: iommu_host\n"
+PLAYBOOK = "- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles:\n    - role: gpuprov.kvm.iommu_host\n"
 
 
 def role_booleans() -> dict[str, str]:
@@ -63,6 +65,7 @@ def staged_root(host_root, tmp_path: Path) -> Path:
 
 def play(tmp_path: Path, root: Path, *extra: str) -> tuple[int, dict[str, dict[str, Any]], str]:
     """The role in check mode on ``root``, with ``-e`` strings: (rc, task name -> result, output)."""
+    collections_path()  # the checkout's collection, where ansible.cfg looks for it
     playbook = tmp_path / "play.yml"
     playbook.write_text(PLAYBOOK)
     cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", str(playbook), "--check"]

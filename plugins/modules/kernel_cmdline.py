@@ -76,7 +76,7 @@ EXAMPLES = r"""
     remove: [pcie_acs_override]
 
 - name: A value with a space, in the kernel's double-quoted form
-  kernel_cmdline:
+  gpuprov.kvm.kernel_cmdline:
     arguments: ['acpi_osi="Windows 2015"']
 """
 
