@@ -21,8 +21,7 @@ from tests.conftest import collections_path
 
 REPO = Path(__file__).resolve().parents[1]
 PLAYBOOK = (
-    "- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles:\n"
-    "    - role: gpuprov.kvm.iommu_host\n"
+    "- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles:\n    - role: gpuprov.kvm.iommu_host\n"
 )
 
 
