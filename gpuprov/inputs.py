@@ -161,7 +161,7 @@ def validate_gpu_vm_options(
     vm = mapping(p, "vm", params.get("vm"), VM_KEYS)
     state = choice(p, "state", params.get("state", "running"), STATES)
     if vm is not None and vm.get("state") is not None:
-        state = choice(p, "vm.state", vm["state"], STATES)
+        state = vm["state"]  # the entry's own wins; parse_vm checks it
     text(p, "uri", params.get("uri", ""), rule="a libvirt URI, e.g. qemu:///system")
     path_text(p, "storage_dir", params.get("storage_dir", "/"))
     boolean(p, "remove_storage", params.get("remove_storage", False))
@@ -173,20 +173,20 @@ def validate_gpu_vm_options(
         mixed_vgpu_types=params.get("mixed_vgpu_types", False),
     )
     check_settings(settings, p, {})
-    if vm is None or state is None:
+    if vm is None:
         return None, p.items
     merged = merge_defaults(defaults, vm)
-    merged = {**merged, "state": state}
+    merged = {**merged, "state": state} if state is not None else merged
     spec, found = parse_vm(merged, path="vm", own=vm, defaults_path="defaults", cpu_limit=cpu_limit)
     p.items.extend(found)
     host_vms = _vm_list(p, params.get("host_vms") or [], defaults, "host_vms", "defaults", cpu_limit)
-    if p or spec is None:
+    if p or spec is None or spec.state is None:
         return None, p.items
     # The VM takes its own place in the host's list (CPU pinning goes in list order), or the end.
     vm_list = [merged if entry.get("name") == spec.name else entry for entry in host_vms]
     if not any(entry.get("name") == spec.name for entry in host_vms):
         vm_list.append(merged)
-    return GpuVmInput(name=spec.name, state=state, vm=merged, vm_list=vm_list, settings=settings), []
+    return GpuVmInput(name=spec.name, state=spec.state, vm=merged, vm_list=vm_list, settings=settings), []
 
 
 def validate_gpu_vgpu_options(params: dict[str, Any]) -> list[Refusal]:

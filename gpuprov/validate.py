@@ -102,7 +102,7 @@ def kind(value: Any) -> str:
     if isinstance(value, (int, float)):
         return f"the number {shown(value)}"
     if isinstance(value, str):
-        return f"the string {shown(value)}"
+        return f"the {'Jinja template' if _is_template(value) else 'string'} {shown(value)}"
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, (list, tuple)):
@@ -125,6 +125,16 @@ class Problems:
 
     def __bool__(self) -> bool:
         return bool(self.items)
+
+
+def _is_template(value: str) -> bool:
+    return "{{" in value or "{%" in value
+
+
+TEMPLATE_FIX = (
+    "gpuprov plan reads the file as written and renders no Jinja: put the value itself here "
+    "(the role's modules check the rendered value)"
+)
 
 
 def _control_character(text: str) -> str | None:
@@ -164,7 +174,7 @@ def integer(p: Problems, path: str, value: Any, lo: int, hi: int, unit: str = ""
 
 def choice(p: Problems, path: str, value: Any, choices: tuple[str, ...]) -> str | None:
     if not isinstance(value, str) or value not in choices:
-        p.add(path, f"must be one of {', '.join(choices)}, not {kind(value)}")
+        p.add(path, f"must be one of {', '.join(choices)}, not {kind(value)}", f"write one of {', '.join(choices)}")
         return None
     return value
 
@@ -182,17 +192,24 @@ def text(
     """A string: printable (no control character, no line break), at most ``max_len``, matching ``pattern``."""
     if not isinstance(value, str):
         hint = " (YAML read it as a number: quote it)" if isinstance(value, (int, float)) else ""
-        p.add(path, f"must be a string, not {kind(value)}{hint}", rule or None)
+        p.add(path, f"must be a string, not {kind(value)}{hint}", rule or "give a string")
+        return None
+    if _is_template(value):
+        p.add(path, f"{shown(value)} is a Jinja template", TEMPLATE_FIX)
         return None
     bad = _control_character(value)
     if bad is not None:
-        p.add(path, f"{shown(value)} holds the control character {bad!r}", rule or "remove it (and any line break)")
+        p.add(
+            path,
+            f"{shown(value)} holds the non-printable character {bad!r}",
+            f"remove it (one line, printable). {rule}",
+        )
         return None
     if len(value) > max_len:
-        p.add(path, f"is {len(value)} characters long, more than {max_len}", rule or None)
+        p.add(path, f"is {len(value)} characters long, more than {max_len}", rule or f"at most {max_len} characters")
         return None
     if pattern is not None and not pattern.fullmatch(value):
-        p.add(path, f"{shown(value)} is not a valid {what}", rule or None)
+        p.add(path, f"{shown(value)} is not a valid {what}", rule or "see docs/reference/inputs.md")
         return None
     return value
 
@@ -269,7 +286,7 @@ def mac_address(p: Problems, path: str, value: Any) -> str | None:
 
 def uuid_text(p: Problems, path: str, value: Any) -> str | None:
     rule = "a UUID in its canonical form, e.g. 7b0b3d34-0c4c-4c7e-9a51-2a3f2f7c9e10 (or leave it out)"
-    value = text(p, path, value, max_len=36, rule=rule)
+    value = text(p, path, value, max_len=64, rule=rule)
     if value is None:
         return None
     if not UUID_RE.fullmatch(value.lower()):
@@ -413,7 +430,8 @@ def cpu_list(p: Problems, path: str, value: Any, cpu_limit: int | None = None) -
                 break
             match = _CPU_RANGE_RE.fullmatch(part)
             if match is None:
-                p.add(path, f"{shown(part)} in {shown(value)} is not a CPU number or range", rule)
+                where_in = "" if part == value.strip() else f" in {shown(value)}"
+                p.add(path, f"{shown(part)}{where_in} is not a CPU number or range", rule)
                 return None
             lo, hi = int(match[1]), int(match[2] or match[1])
             if hi < lo or hi >= limit:
@@ -446,7 +464,7 @@ def cpu_list(p: Problems, path: str, value: Any, cpu_limit: int | None = None) -
 
 def mapping(p: Problems, path: str, value: Any, known: tuple[str, ...] | None = None) -> dict[str, Any] | None:
     if not isinstance(value, dict):
-        p.add(path, f"must be a mapping, not {kind(value)}", f"keys: {', '.join(known)}" if known else None)
+        p.add(path, f"must be a mapping, not {kind(value)}", f"keys: {', '.join(known)}" if known else "give a mapping")
         return None
     if known is not None:
         unknown = sorted(shown(k) if not isinstance(k, str) else k for k in value if k not in known)
@@ -457,9 +475,9 @@ def mapping(p: Problems, path: str, value: Any, known: tuple[str, ...] | None = 
 
 def sequence(p: Problems, path: str, value: Any, max_items: int) -> list[Any] | None:
     if not isinstance(value, list):
-        p.add(path, f"must be a list, not {kind(value)}")
+        p.add(path, f"must be a list, not {kind(value)}", "give a YAML list (- item, or [a, b])")
         return None
     if len(value) > max_items:
-        p.add(path, f"has {len(value)} entries, more than {max_items}")
+        p.add(path, f"has {len(value)} entries, more than {max_items}", f"give at most {max_items}")
         return None
     return value

@@ -237,7 +237,7 @@ def _type_ref(plan: Plan, where: str, ref: Any) -> str | int | None:
     if isinstance(ref, int) and not isinstance(ref, bool):
         return _checked(plan, integer, f"{where}: type", ref, 1, MAX_VGPU_TYPE)
     rule = "a type's name or ID as `gpuprov inspect` lists it"
-    return _checked(plan, text_field, f"{where}: type", ref, pattern=TYPE_REF_RE, rule=rule)
+    return _checked(plan, text_field, f"{where}: type", ref, pattern=TYPE_REF_RE, rule=rule, what="type")
 
 
 def _mdev_entries(plan: Plan, key: str, value: Any) -> list[MdevWant]:
@@ -272,7 +272,7 @@ def _vf_entries(plan: Plan, key: str, value: Any) -> list[VfWant]:
                 continue
         ref = item["type"]
         if isinstance(ref, bool) or not isinstance(ref, (int, str)):
-            _problem(plan, f"{where}: type {shown(ref)} must be a vGPU type name or numeric ID")
+            _problem(plan, f"{where}: type {shown(ref)} must be a vGPU type name or numeric ID", "e.g. type: 557")
             continue
         ref = _type_ref(plan, where, ref)
         if ref is not None:
@@ -285,7 +285,8 @@ def _mig_entries(plan: Plan, key: str, value: Any) -> list[str | int]:
     if isinstance(value, dict):
         out: list[str | int] = []
         for profile, count in value.items():
-            if _checked(plan, text_field, f"{key}: mig: profile", profile, pattern=TYPE_REF_RE, rule=rule) is None:
+            checked = _checked(plan, text_field, f"{key}: mig: profile", profile, pattern=TYPE_REF_RE, rule=rule)
+            if checked is None:
                 continue
             if isinstance(count, bool) or not isinstance(count, int) or count < 0:
                 where = f"{key}: mig: count {shown(count)} for {profile}"
@@ -317,10 +318,14 @@ def parse_gpus(gpus: Any, plan: Plan) -> list[Entry]:
     if gpus is None:
         return []
     if not isinstance(gpus, dict):
-        _problem(plan, f"gpuprov_gpus must be a mapping keyed by PCI address, not {kind(gpus)}")
+        _problem(
+            plan,
+            f"gpuprov_gpus must be a mapping keyed by PCI address, not {kind(gpus)}",
+            'e.g. {"0000:41:00.0": {use: mdev, mdevs: [...]}}',
+        )
         return []
     if len(gpus) > MAX_GPUS:
-        _problem(plan, f"gpuprov_gpus has {len(gpus)} entries, more than {MAX_GPUS}")
+        _problem(plan, f"gpuprov_gpus has {len(gpus)} entries, more than {MAX_GPUS}", "one entry per GPU of the host")
         return []
     entries: list[Entry] = []
     seen: dict[str, str] = {}
@@ -332,7 +337,11 @@ def parse_gpus(gpus: Any, plan: Plan) -> list[Entry]:
             continue
         use = value["use"]
         if not isinstance(use, str) or use not in USES:
-            _problem(plan, f"gpuprov_gpus[{shown(raw_key)}]: use {shown(use)} is not one of {', '.join(USES)}")
+            _problem(
+                plan,
+                f"gpuprov_gpus[{shown(raw_key)}]: use {shown(use)} is not one of {', '.join(USES)}",
+                f"write use: one of {', '.join(USES)}",
+            )
             continue
         key = _key(plan, raw_key, use)
         if key is None or use not in MANAGED_USES:

@@ -414,7 +414,9 @@ def _storage(spec: VmSpec, paths: dict[str, str | None], storage: StorageState, 
                 argv = iso_command(opts.iso_tool, paths["seed_iso"], sources)
                 plan.actions.append(Action(COMMAND, f"cloud-init seed ISO of {spec.name}", argv=argv))
     for missing in storage.missing_boot_files:
-        plan.refusals.append(Refusal(f"VM {spec.name}: boot file {missing} not found on the host"))
+        plan.refusals.append(
+            Refusal(f"VM {spec.name}: boot file {missing} not found on the host", "copy it there, or fix boot")
+        )
     for problem in storage.rom_problems:
         plan.refusals.append(Refusal(f"VM {spec.name}: {problem}", f"put the ROM file in {ROM_DIR} on the host"))
 

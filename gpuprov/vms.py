@@ -204,7 +204,9 @@ def check_settings(settings: HostSettings, problems: Problems, names: dict[str, 
         # A cpulist string, or one CPU number: what role gpu_vms passes on as its string option.
         reserved = cpu_list(problems, path, str(settings.reserved_cpus))
     else:
-        problems.add(path, f"must be a cpulist such as '0-1,8', not {kind(settings.reserved_cpus)}")
+        problems.add(
+            path, f"must be a cpulist, not {kind(settings.reserved_cpus)}", "write it as a quoted cpulist: '0-1,8'"
+        )
     if not isinstance(settings.mixed_vgpu_types, bool):
         boolean(problems, names.get("mixed_vgpu_types", "mixed_vgpu_types"), settings.mixed_vgpu_types)
     return reserved or []
@@ -319,7 +321,7 @@ def _mdevs(value: Any, vm: str, f: _Fields) -> list[MdevSpec]:
         if mapping(p, f.at("mdevs", i), entry, ("parent", "type", "uuid")) is None:
             continue
         if entry.get("parent") is None or entry.get("type") is None:
-            p.add(f.at("mdevs", i), "needs a parent (PCI address or name) and a type (e.g. nvidia-474)")
+            p.add(f.at("mdevs", i), "needs a parent and a type", "e.g. {parent: '0000:41:00.0', type: nvidia-474}")
             continue
         raw = entry["parent"]
         if isinstance(raw, str) and ":" in raw:
@@ -353,7 +355,7 @@ def _disk(value: Any, f: _Fields) -> DiskSpec | None:
     if value.get("size_gib") is not None:
         size = integer(p, f.at("disk", "size_gib"), value["size_gib"], 1, MAX_DISK_GIB, " GiB")
     if value.get("base") is None and value.get("path") is None:
-        p.add(f.at("disk"), "needs a base image (disk.base) or an existing disk (disk.path)")
+        p.add(f.at("disk"), "needs a base image or an existing disk", "give disk.base (or disk.path)")
     return DiskSpec(base, size, path)
 
 

@@ -101,8 +101,9 @@ def read_yaml(path: str) -> Any:
         raise YamlInputError(
             f"{path} is not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start}; save the file as UTF-8"
         ) from None
-    loader = _BoundedLoader(text.removeprefix("\ufeff"))
+    loader = None
     try:
+        loader = _BoundedLoader(text.removeprefix("\ufeff"))  # its reader refuses control characters here
         return loader.get_single_data()
     except yaml.YAMLError as exc:
         raise YamlInputError(f"{path} is not valid YAML: {exc}") from None
@@ -110,4 +111,5 @@ def read_yaml(path: str) -> Any:
         # Values PyYAML's constructors choke on (an integer of 5000 digits, a bad date...).
         raise YamlInputError(f"{path} is not valid YAML: {exc}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()

@@ -1,0 +1,56 @@
+"""Run a module of library/ in this process, for the many hostile cases a subprocess per case
+would make slow: its ``ansible.module_utils.gpuprov`` imports resolve to this checkout's
+gpuprov (what AnsiballZ ships), its arguments come through Ansible's own test hook, so
+the argument spec's type coercion applies as on a target. tests/test_modules.py runs
+modules for real through ansible."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import json
+import pkgutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import gpuprov
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _alias_gpuprov() -> None:
+    """``ansible.module_utils.gpuprov.X`` is ``gpuprov.X``: one module object each."""
+    if "ansible.module_utils.gpuprov" in sys.modules:
+        return
+    import ansible.module_utils
+
+    for info in pkgutil.walk_packages(gpuprov.__path__, "gpuprov."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+    for name, module in list(sys.modules.items()):
+        if name == "gpuprov" or name.startswith("gpuprov."):
+            sys.modules[f"ansible.module_utils.{name}"] = module
+    ansible.module_utils.gpuprov = gpuprov  # type: ignore[attr-defined]
+
+
+def run_in_process(module: str, args: dict[str, Any], *, check: bool = False) -> dict[str, Any]:
+    """The module's result (``failed`` always set), as ``ansible -m module -a args`` would give it."""
+    from ansible.module_utils.testing import patch_module_args
+
+    _alias_gpuprov()
+    spec = importlib.util.spec_from_file_location(f"gpuprov_library_{module}", REPO / "library" / f"{module}.py")
+    assert spec is not None and spec.loader is not None
+    code = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(code)
+    out = io.StringIO()
+    params = {**args, "_ansible_check_mode": check, "_ansible_diff": True}
+    with patch_module_args(params), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        code.main()
+    result = json.loads(out.getvalue())
+    result.setdefault("failed", False)
+    # Warnings as their text (in process they come as ansible-core's WarningSummary objects).
+    result["warnings"] = [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
+    return result
