@@ -7,7 +7,9 @@ The file is the VM list the role gpu_vms takes: a YAML list of VMs, or a
 mapping with ``gpu_vms_list`` (and optionally ``gpu_vms_defaults``,
 ``gpu_vms_reserved_memory_mib``, ``gpu_vms_reserved_cpus``,
 ``gpu_vms_mixed_vgpu_types``), such as the host's host_vars file. Every problem
-is printed at once; the exit status is 3 when there is any (2: bad input).
+is printed at once; the exit status is 3 when there is any. A file that breaks
+the input rules (:mod:`gpuprov.inputs`, docs/reference/inputs.md) is exit 2,
+with every problem named by its field.
 Read-only. The rules live in :mod:`gpuprov.vms`; the module gpu_vm applies the
 same ones.
 """
@@ -114,39 +116,56 @@ def print_plan(report: dict[str, Any]) -> None:
         )
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    import yaml
+def input_problems(source: str, problems: list[Any]) -> str:
+    """Every input problem, one per line with its fix, for the exit-2 message."""
+    lines = [f"{source}: {len(problems)} problem(s) in the input; nothing was planned:"]
+    for r in problems:
+        lines.append(f"  {r.message}" + (f"\n    fix: {r.fix}" if r.fix else ""))
+    return "\n".join(lines)
 
+
+def cmd_plan(args: argparse.Namespace) -> int:
     from .cli import EXIT_NOT_READY, EXIT_OK, UsageError, host_root
     from .host.facts import gather
     from .host.sysfs import Sysfs
+    from .inputs import HOST_VARS_SETTINGS, validate_host_vars
+    from .plan import Refusal
+    from .validate import ROM_DIR, Problems
     from .vgpu import declared_mdevs
-    from .vms import check_declared_mdevs, plan_host, vm_list_from_document
+    from .virt import rom_problems
+    from .vms import check_declared_mdevs, check_settings, cpu_count, plan_host
+    from .yamlread import YamlInputError, read_yaml
 
     try:
-        with open(args.vms, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except OSError as exc:
-        raise UsageError(f"cannot read {args.vms}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{args.vms} is not valid YAML: {exc}") from None
-    try:
-        vm_list, settings, _defaults = vm_list_from_document(doc)
-    except ValueError as exc:
-        raise UsageError(f"{args.vms}: {exc}") from None
-    if args.reserved_memory_mib is not None:
-        settings.reserved_memory_mib = args.reserved_memory_mib
-    if args.reserved_cpus is not None:
-        settings.reserved_cpus = args.reserved_cpus
-    if args.mixed_vgpu_types:
-        settings.mixed_vgpu_types = True
+        doc = read_yaml(args.vms)
+    except YamlInputError as exc:
+        raise UsageError(str(exc)) from None
     with host_root(args.root) as root:
         facts = gather(Sysfs(root))
-    plan = plan_host(facts, vm_list, settings)
-    if isinstance(doc, dict) and doc.get("gpuprov_gpus"):
+        host_vars, problems = validate_host_vars(doc, cpu_limit=cpu_count(facts))
+        if host_vars is not None:
+            settings, names = host_vars.settings, dict(HOST_VARS_SETTINGS)
+            if args.reserved_memory_mib is not None:
+                settings.reserved_memory_mib = args.reserved_memory_mib
+                names["reserved_memory_mib"] = "--reserved-memory-mib"
+            if args.reserved_cpus is not None:
+                settings.reserved_cpus = args.reserved_cpus
+                names["reserved_cpus"] = "--reserved-cpus"
+            if args.mixed_vgpu_types:
+                settings.mixed_vgpu_types = True
+            flags = Problems()
+            check_settings(settings, flags, names)
+            problems = flags.items
+        if host_vars is None or problems:
+            raise UsageError(input_problems(args.vms, problems))
+        plan = plan_host(facts, host_vars.vm_list, host_vars.settings)
+        for vm in plan.vms:
+            for problem in rom_problems(vm, root) if vm.state != "absent" else []:
+                plan.refusals.append(Refusal(f"VM {vm.name}: {problem}", f"put the ROM file in {ROM_DIR} on the host"))
+    if host_vars.gpus:
         # A host_vars file with the vGPU layout too: the VMs' mdevs must be the ones it makes.
-        declared, problems = declared_mdevs(facts, doc["gpuprov_gpus"])
-        plan.refusals.extend(problems)
+        declared, refusals = declared_mdevs(facts, host_vars.gpus)
+        plan.refusals.extend(refusals)
         check_declared_mdevs(plan, declared)
     report = plan_report(plan, args.root)
     if args.json:

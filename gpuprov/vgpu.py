@@ -62,7 +62,6 @@ from .host.evidence import IN_USE, MissingEvidence
 from .host.facts import HostFacts, gather
 from .host.mdev import MdevParent, MdevType
 from .host.mig import MigFacts, MigProfile, Runner, read_mig
-from .host.pci import PciAddressError, normalize_address
 from .host.sysfs import Sysfs
 from .plan import (
     COMMAND,
@@ -76,6 +75,22 @@ from .plan import (
     read_text,
     sysfs_write,
 )
+from .validate import (
+    MAX_GPUS,
+    MAX_INSTANCES,
+    MAX_MIG_INSTANCES,
+    MAX_VGPU_TYPE,
+    SYSFS_NAME_RE,
+    TYPE_REF_RE,
+    Problems,
+    integer,
+    kind,
+    pci_address,
+    sequence,
+    shown,
+    uuid_text,
+)
+from .validate import text as text_field
 
 USES = ("passthrough", "host", "mdev", "sriov_vgpu", "mig")
 MANAGED_USES = ("mdev", "sriov_vgpu", "mig")
@@ -102,7 +117,6 @@ NVIDIA_PARAMS = "proc/driver/nvidia/params"
 _HEADER = "# Managed by gpuprov (vgpu_host role / gpu_vgpu module); edits are overwritten.\n"
 # A fixed namespace: an mdev without a UUID gets the same one on every run.
 _MDEV_NAMESPACE = uuidlib.UUID("3d3c2b8e-0b8f-4d52-a7d6-5f0e9a41c7b3")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _REGISTRY_RE = re.compile(r"RmPVMRL\s*=\s*(0x[0-9a-fA-F]+|\d+)")
 _RULE_PATH_RE = re.compile(r"(/\S*/mdevctl) start-parent-mdevs")
 
@@ -190,55 +204,55 @@ def _unknown_keys(plan: Plan, where: str, data: dict[str, Any], known: tuple[str
         _problem(plan, f"{where}: unknown keys {', '.join(unknown)}", f"known keys here: {', '.join(known)}")
 
 
+def _checked(plan: Plan, check: Any, *args: Any, **kwargs: Any) -> Any:
+    """A :mod:`gpuprov.validate` checker's value; its problems become the plan's refusals."""
+    problems = Problems()
+    value = check(problems, *args, **kwargs)
+    plan.refusals.extend(problems.items)
+    return value
+
+
 def _key(plan: Plan, raw: Any, use: str) -> str | None:
-    text = str(raw).strip()
-    if ":" in text:
-        try:
-            return normalize_address(text)
-        except PciAddressError as exc:
-            _problem(plan, f"gpuprov_gpus key {raw!r}: {exc}", "key each GPU by its full PCI address")
-            return None
-    if use == "mdev" and _NAME_RE.match(text):
-        return text  # a non-PCI mdev parent (the mtty sample) is named by its device name
+    where = f"gpuprov_gpus key {shown(raw)}"
+    if isinstance(raw, str) and ":" in raw:
+        return _checked(plan, pci_address, where, raw)
+    if use == "mdev" and isinstance(raw, str) and SYSFS_NAME_RE.fullmatch(raw):
+        return raw  # a non-PCI mdev parent (the mtty sample) is named by its device name
+    number = " (YAML read an unquoted address as a number: quote it)" if isinstance(raw, (int, float)) else ""
     _problem(
         plan,
-        f"gpuprov_gpus key {raw!r} is not a PCI address",
-        "key each GPU by its full PCI address (0000:41:00.0, see `lspci -D`); only use: mdev takes a parent's name",
+        f"{where} is not a PCI address{number}",
+        'key each GPU by its full PCI address ("0000:41:00.0", see `lspci -D`); only use: mdev takes a parent\'s name',
     )
     return None
-
-
-def _uuid(plan: Plan, where: str, raw: Any) -> str | None:
-    try:
-        return str(uuidlib.UUID(str(raw)))
-    except ValueError:
-        _problem(
-            plan,
-            f"{where}: uuid {raw!r} is not a UUID",
-            "give one like 7b0b3d34-0c4c-4c7e-9a51-2a3f2f7c9e10, or leave it out",
-        )
-        return None
 
 
 def _list(plan: Plan, where: str, value: Any) -> list[Any]:
     if value is None:
         return []
-    if not isinstance(value, list):
-        _problem(plan, f"{where} must be a list, not {type(value).__name__}")
-        return []
-    return value
+    return _checked(plan, sequence, where, value, MAX_INSTANCES) or []
+
+
+def _type_ref(plan: Plan, where: str, ref: Any) -> str | int | None:
+    """A vGPU or mdev type as given: its numeric ID, its directory name or its name (no '/')."""
+    if isinstance(ref, int) and not isinstance(ref, bool):
+        return _checked(plan, integer, f"{where}: type", ref, 1, MAX_VGPU_TYPE)
+    rule = "a type's name or ID as `gpuprov inspect` lists it"
+    return _checked(plan, text_field, f"{where}: type", ref, pattern=TYPE_REF_RE, rule=rule, what="type")
 
 
 def _mdev_entries(plan: Plan, key: str, value: Any) -> list[MdevWant]:
     out = []
     for i, item in enumerate(_list(plan, f"{key}: mdevs", value)):
         where = f"{key}: mdevs[{i}]"
-        if not isinstance(item, dict) or not item.get("type"):
+        if not isinstance(item, dict) or item.get("type") in (None, ""):
             _problem(plan, f"{where} must be a mapping with a type (and optionally a uuid)", "e.g. {type: nvidia-259}")
             continue
         _unknown_keys(plan, where, item, ("type", "uuid"))
-        uuid = None if item.get("uuid") is None else _uuid(plan, where, item["uuid"])
-        out.append(MdevWant(key, str(item["type"]), uuid))
+        ref = _type_ref(plan, where, item["type"])
+        uuid = None if item.get("uuid") is None else _checked(plan, uuid_text, f"{where}: uuid", item["uuid"])
+        if ref is not None and (uuid is not None or item.get("uuid") is None):
+            out.append(MdevWant(key, str(ref), uuid))
     return out
 
 
@@ -254,61 +268,85 @@ def _vf_entries(plan: Plan, key: str, value: Any) -> list[VfWant]:
         _unknown_keys(plan, where, item, ("type", "vf"))
         vf = None
         if item.get("vf") is not None:
-            try:
-                vf = normalize_address(str(item["vf"]))
-            except PciAddressError as exc:
-                _problem(plan, f"{where}: vf: {exc}", "pin a VF by its full PCI address, or leave vf out")
+            vf = _checked(plan, pci_address, f"{where}: vf", item["vf"])
+            if vf is None:
                 continue
         ref = item["type"]
         if isinstance(ref, bool) or not isinstance(ref, (int, str)):
-            _problem(plan, f"{where}: type {ref!r} must be a vGPU type name or numeric ID")
+            _problem(plan, f"{where}: type {shown(ref)} must be a vGPU type name or numeric ID", "e.g. type: 557")
             continue
-        out.append(VfWant(ref, vf))
+        ref = _type_ref(plan, where, ref)
+        if ref is not None:
+            out.append(VfWant(ref, vf))
     return out
 
 
 def _mig_entries(plan: Plan, key: str, value: Any) -> list[str | int]:
+    rule = 'name profiles as nvidia-smi mig -lgip does: "3g.40gb"'
     if isinstance(value, dict):
         out: list[str | int] = []
         for profile, count in value.items():
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                _problem(
-                    plan, f"{key}: mig: count {count!r} for {profile} must be a whole number", 'e.g. {"1g.10gb": 7}'
-                )
+            checked = _checked(plan, text_field, f"{key}: mig: profile", profile, pattern=TYPE_REF_RE, rule=rule)
+            if checked is None:
                 continue
-            out += [str(profile)] * count
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                where = f"{key}: mig: count {shown(count)} for {profile}"
+                _problem(plan, f"{where} must be a whole number", 'e.g. {"1g.10gb": 7}')
+                continue
+            # Bounded before the list is built: a GPU holds at most 7 GPU instances.
+            if _checked(plan, integer, f"{key}: mig: {profile}", count, 0, MAX_MIG_INSTANCES) is None:
+                continue
+            out += [profile] * count
         return out
-    profiles = _list(plan, f"{key}: mig", value)
-    for p in profiles:
-        if isinstance(p, bool) or not isinstance(p, (int, str)) or str(p).strip() == "":
-            _problem(
-                plan, f"{key}: mig: {p!r} is not a MIG profile", 'name profiles as nvidia-smi mig -lgip does: "3g.40gb"'
-            )
-    return [p for p in profiles if isinstance(p, (int, str)) and not isinstance(p, bool) and str(p).strip()]
+    out = []
+    for p in _list(plan, f"{key}: mig", value):
+        if isinstance(p, int) and not isinstance(p, bool):
+            checked = _checked(plan, integer, f"{key}: mig: profile", p, 0, MAX_VGPU_TYPE)
+        elif isinstance(p, str) and p.strip():
+            checked = _checked(plan, text_field, f"{key}: mig: profile", p, pattern=TYPE_REF_RE, rule=rule)
+        else:
+            _problem(plan, f"{key}: mig: {shown(p)} is not a MIG profile", rule)
+            continue
+        if checked is not None:
+            out.append(checked)
+    return out
 
 
 def parse_gpus(gpus: Any, plan: Plan) -> list[Entry]:
-    """The entries this module manages (mdev, sriov_vgpu, mig); problems go to ``plan``."""
+    """The entries this module manages (mdev, sriov_vgpu, mig); problems go to ``plan``.
+
+    Every value meets the input rules of :mod:`gpuprov.validate` (docs/reference/inputs.md)."""
     if gpus is None:
         return []
     if not isinstance(gpus, dict):
-        _problem(plan, f"gpuprov_gpus must be a mapping keyed by PCI address, not {type(gpus).__name__}")
+        _problem(
+            plan,
+            f"gpuprov_gpus must be a mapping keyed by PCI address, not {kind(gpus)}",
+            'e.g. {"0000:41:00.0": {use: mdev, mdevs: [...]}}',
+        )
+        return []
+    if len(gpus) > MAX_GPUS:
+        _problem(plan, f"gpuprov_gpus has {len(gpus)} entries, more than {MAX_GPUS}", "one entry per GPU of the host")
         return []
     entries: list[Entry] = []
     seen: dict[str, str] = {}
     for raw_key, value in gpus.items():
         if not isinstance(value, dict) or "use" not in value:
-            _problem(plan, f"gpuprov_gpus[{raw_key!r}] must be a mapping with use", f"use is one of {', '.join(USES)}")
+            _problem(
+                plan, f"gpuprov_gpus[{shown(raw_key)}] must be a mapping with use", f"use is one of {', '.join(USES)}"
+            )
             continue
-        use = str(value["use"])
-        if use not in USES:
-            _problem(plan, f"gpuprov_gpus[{raw_key!r}]: use {use!r} is not one of {', '.join(USES)}")
+        use = value["use"]
+        if not isinstance(use, str) or use not in USES:
+            _problem(
+                plan,
+                f"gpuprov_gpus[{shown(raw_key)}]: use {shown(use)} is not one of {', '.join(USES)}",
+                f"write use: one of {', '.join(USES)}",
+            )
             continue
-        if use not in MANAGED_USES:
-            continue  # vfio_host's and the host's: not ours
         key = _key(plan, raw_key, use)
-        if key is None:
-            continue
+        if key is None or use not in MANAGED_USES:
+            continue  # passthrough and host entries are vfio_host's and the host's: only their key is checked
         if key in seen:
             _problem(plan, f"{key} is declared twice in gpuprov_gpus ({seen[key]!r} and {raw_key!r})", "keep one entry")
             continue
@@ -523,16 +561,24 @@ def _in_use(plan: Plan, what: str, users: list[str], device: str, unknown: list[
     return bool(users or unknown)
 
 
+def mixed_types_refusal(where: str, by_type: dict[str, list[str]], allowed: bool) -> Refusal | None:
+    """The one rule for NVIDIA time-sliced vGPUs (gpu_vgpu, gpu_vm, ``gpuprov plan``): all of a
+    GPU's vGPUs share one type unless the host runs mixed-size mode. Only a real ``True`` allows it."""
+    if len(by_type) <= 1 or allowed is True:
+        return None
+    parts = "; ".join(f"{t} for {', '.join(sorted(w))}" for t, w in sorted(by_type.items()))
+    return Refusal(
+        f"mixed vGPU types on {where} ({parts}): all time-sliced vGPUs of an NVIDIA GPU share one type",
+        "give every vGPU on this GPU the same type, or put the other type on another GPU "
+        "(or enable the driver's mixed-size mode and set mixed_vgpu_types)",
+        where,
+    )
+
+
 def _mixed(plan: Plan, where: str, by_type: dict[str, list[str]], allowed: bool) -> None:
-    if len(by_type) > 1 and not allowed:
-        parts = "; ".join(f"{t} for {', '.join(sorted(w))}" for t, w in sorted(by_type.items()))
-        _problem(
-            plan,
-            f"mixed vGPU types on {where} ({parts}): all time-sliced vGPUs of an NVIDIA GPU share one type",
-            "give every vGPU on this GPU the same type, or put the other type on another GPU "
-            "(or enable the driver's mixed-size mode and set mixed_vgpu_types)",
-            where,
-        )
+    refusal = mixed_types_refusal(where, by_type, allowed)
+    if refusal:
+        plan.refusals.append(refusal)
 
 
 def _cmd(argv: list[str], why: str) -> Action:
@@ -1463,7 +1509,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     request = VgpuRequest(
         gpus=state.get("gpus") or {},
-        mixed_vgpu_types=bool(state.get("mixed_vgpu_types")),
+        mixed_vgpu_types=state.get("mixed_vgpu_types") is True,  # anything else: one type per GPU
         persistent=False,
         boot=True,
     )

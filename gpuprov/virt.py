@@ -33,8 +33,10 @@ from .domain import DomainConfig, PciPassthrough, build_domain, to_xml
 from .host.domains import domain_devices
 from .host.facts import HostFacts
 from .host.numa import parse_cpulist
+from .host.sysfs import Sysfs
 from .plan import COMMAND, REMOVE_FILE, WRITE_SYSFS, Action, Plan, Refusal, file_action
 from .seed import ISO_TOOLS, iso_command, seed_files
+from .validate import ROM_DIR, rom_file_problem
 from .vms import HostPlan, Placement, VmSpec
 
 LIBVIRT_MISSING = (
@@ -80,6 +82,7 @@ class StorageState:
     seed_iso_exists: bool = False
     seed_dir_exists: bool = False
     missing_boot_files: list[str] = field(default_factory=list)
+    rom_problems: list[str] = field(default_factory=list)  # GPU ROM files that are not usable
 
 
 @dataclass
@@ -411,7 +414,11 @@ def _storage(spec: VmSpec, paths: dict[str, str | None], storage: StorageState, 
                 argv = iso_command(opts.iso_tool, paths["seed_iso"], sources)
                 plan.actions.append(Action(COMMAND, f"cloud-init seed ISO of {spec.name}", argv=argv))
     for missing in storage.missing_boot_files:
-        plan.refusals.append(Refusal(f"VM {spec.name}: boot file {missing} not found on the host"))
+        plan.refusals.append(
+            Refusal(f"VM {spec.name}: boot file {missing} not found on the host", "copy it there, or fix boot")
+        )
+    for problem in storage.rom_problems:
+        plan.refusals.append(Refusal(f"VM {spec.name}: {problem}", f"put the ROM file in {ROM_DIR} on the host"))
 
 
 def _sysfs(facts: HostFacts, spec: VmSpec, plan: VmPlan) -> None:
@@ -599,28 +606,43 @@ def network_state(conn: Any, network: str | None) -> str | None:
     return "active" if net.isActive() else "inactive"
 
 
-def read_storage(spec: VmSpec, paths: dict[str, str | None], storage_dir: str) -> StorageState:
+def rom_problems(spec: VmSpec, root: str = "/") -> list[str]:
+    """Why each ROM file the VM's GPUs name is not usable below ``root`` (validate.rom_file_problem)."""
+    paths = [g.rom for g in spec.gpus if g.rom not in (None, "on", "off")]
+    return [problem for path in paths if (problem := rom_file_problem(root, str(path)))]
+
+
+def read_storage(spec: VmSpec, paths: dict[str, str | None], storage_dir: str, root: str = "/") -> StorageState:
+    """What is on disk for the VM, read below ``root`` (a staged root holds the host's files)."""
+
+    def below(path: str) -> str:
+        return Sysfs(root).path(path.lstrip("/"))
+
     def text(path: str) -> str | None:
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(below(path), encoding="utf-8") as f:
                 return f.read()
-        except OSError:
+        except (OSError, UnicodeDecodeError):
             return None
+
+    def exists(path: str | None) -> bool:
+        return bool(path) and os.path.exists(below(path or ""))
 
     seed = {}
     if paths.get("seed_dir"):
         for name in ("user-data", "meta-data"):
             path = f"{paths['seed_dir']}/{name}"
             seed[path] = text(path)
-    boot = [p for p in ([spec.boot.kernel, spec.boot.initrd] if spec.boot else []) if p and not os.path.exists(p)]
+    boot = [p for p in ([spec.boot.kernel, spec.boot.initrd] if spec.boot else []) if p and not exists(p)]
     return StorageState(
-        dir_exists=os.path.isdir(storage_dir),
-        base_exists=bool(paths.get("base")) and os.path.exists(paths["base"] or ""),
-        overlay_exists=bool(paths.get("disk")) and os.path.exists(paths["disk"] or ""),
+        dir_exists=os.path.isdir(below(storage_dir)),
+        base_exists=exists(paths.get("base")),
+        overlay_exists=exists(paths.get("disk")),
         seed_files=seed,
-        seed_iso_exists=bool(paths.get("seed_iso")) and os.path.exists(paths["seed_iso"] or ""),
-        seed_dir_exists=bool(paths.get("seed_dir")) and os.path.isdir(paths["seed_dir"] or ""),
+        seed_iso_exists=exists(paths.get("seed_iso")),
+        seed_dir_exists=bool(paths.get("seed_dir")) and os.path.isdir(below(paths["seed_dir"] or "")),
         missing_boot_files=boot,
+        rom_problems=rom_problems(spec, root),
     )
 
 
@@ -719,6 +741,13 @@ def wait_for_address(
         time.sleep(2)
 
 
+def consults_libvirt(root: str, uri: str) -> bool:
+    """Whether gpu_vm talks to libvirt at ``uri``: on the live root, or through libvirt's test
+    driver (``test:///...``, a fake that holds no machine). With a staged or captured root the
+    facts are another machine's: libvirt here, and every command, stay untouched."""
+    return Sysfs(root).live or uri.startswith("test:///")
+
+
 def finish_vm(
     module: Any,
     plan: VmPlan,
@@ -731,11 +760,12 @@ def finish_vm(
 ) -> None:
     """Exit the module ``gpu_vm``: refuse, report (check mode) or carry out ``plan``.
 
-    Like :func:`gpuprov.modsupport.finish`, plus the libvirt ops: storage first
-    (on ``/``), then sysfs writes (only when ``root`` is ``/``), then libvirt,
-    then storage clean-up. ``module`` is an ``AnsibleModule``.
+    Like :func:`gpuprov.modsupport.finish`, plus the libvirt ops: storage first,
+    then sysfs writes, then libvirt, then storage clean-up. Files are written below
+    ``root``; commands and sysfs writes run only when ``root`` is ``/``, libvirt ops
+    only with a connection (``conn`` None: not consulted, see :func:`consults_libvirt`);
+    the rest is reported in ``not_run``. ``module`` is an ``AnsibleModule``.
     """
-    from .host.sysfs import Sysfs
     from .modsupport import failed_result, warn_or_refuse
     from .plan import ApplyError, apply
 
@@ -754,33 +784,41 @@ def finish_vm(
     }
     warn_or_refuse(module, plan, result)
     if module._diff:
-        diffs = plan.diff("/")
+        diffs = plan.diff(root)
         domain = plan.domain_diff()
         result["diff"] = [*diffs, domain] if domain else diffs
+    live = Sysfs(root).live
     if module.check_mode:
-        live = Sysfs(root).live
-        result["changed"] = bool(plan.actions or plan.ops or plan.cleanup or (plan.sysfs and live))
+        steps = plan.actions + plan.sysfs + plan.cleanup
+        result["changed"] = any(live or not a.live_only for a in steps) or bool(plan.ops and conn is not None)
         module.exit_json(**result)
     done: list[str] = []
+    not_run: list[str] = []
     try:
-        done += apply(Plan(actions=plan.actions), "/").done
-        sysfs = apply(Plan(actions=plan.sysfs), root)
-        done += sysfs.done
-        result["not_run"] = sysfs.not_run
+        for actions in (plan.actions, plan.sysfs):
+            applied = apply(Plan(actions=actions), root)
+            done += applied.done
+            not_run += applied.not_run
     except ApplyError as exc:
         module.fail_json(msg=str(exc), done=done + exc.applied.done, **failed_result(result))
-    libvirt = _libvirt()
+    if conn is None:
+        not_run += [op.describe() for op in plan.ops]
+    else:
+        libvirt = _libvirt()
+        try:
+            done += execute(conn, plan, shutdown_timeout)
+        except libvirt.libvirtError as exc:
+            module.fail_json(msg=f"libvirt: {exc}", done=done, **failed_result(result))
     try:
-        done += execute(conn, plan, shutdown_timeout)
-    except libvirt.libvirtError as exc:
-        module.fail_json(msg=f"libvirt: {exc}", done=done, **failed_result(result))
-    try:
-        done += apply(Plan(actions=plan.cleanup), "/").done
+        applied = apply(Plan(actions=plan.cleanup), root)
+        done += applied.done
+        not_run += applied.not_run
     except ApplyError as exc:
         module.fail_json(msg=str(exc), done=done + exc.applied.done, **failed_result(result))
     result["changed"] = bool(done)
     result["done"] = done
-    if wait_address and extra.get("state") == "running" and plan.mac:
+    result["not_run"] = not_run
+    if wait_address and conn is not None and extra.get("state") == "running" and plan.mac:
         addresses = wait_for_address(conn, plan.network, plan.mac, wait_address, plan.stale_leases)
         result["addresses"] = addresses
         if addresses:

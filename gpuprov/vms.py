@@ -26,7 +26,6 @@ Pure: no I/O. Ships to targets with the modules; standard library only.
 from __future__ import annotations
 
 import hashlib
-import re
 import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,16 +34,48 @@ from .assess import BLOCKER, VFIO_DRIVERS, assess_gpu, companions_of, held_open,
 from .host.evidence import RESOURCES, how_to_read
 from .host.facts import HostFacts
 from .host.numa import parse_cpulist
-from .host.pci import PciAddressError, normalize_address
 from .plan import Refusal
+from .validate import (
+    HOSTNAME_RE,
+    MAX_DEVICES,
+    MAX_DISK_GIB,
+    MAX_KEYS,
+    MAX_MEMORY_MIB,
+    MAX_NUMA_NODE,
+    MAX_PACKAGES,
+    MAX_VCPUS,
+    MAX_VGPU_TYPE,
+    MAX_VMS,
+    PACKAGE_RE,
+    SYSFS_NAME_RE,
+    USER_RE,
+    VENDOR_ID_RE,
+    Problems,
+    boolean,
+    choice,
+    cmdline,
+    cpu_list,
+    integer,
+    kind,
+    mac_address,
+    machine_type,
+    mapping,
+    network_name,
+    path_text,
+    pci_address,
+    rom,
+    sequence,
+    ssh_key,
+    text,
+    uuid_text,
+    vm_name,
+)
+from .vgpu import mixed_types_refusal
 
 STATES = ("running", "shutdown", "defined", "absent")
 FIRMWARES = ("efi", "bios")
 ACCELS = ("kvm", "tcg")
 NVIDIA = 0x10DE
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}$")
-_MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
-_VENDOR_ID_RE = re.compile(r"^[A-Za-z0-9]{1,12}$")
 # A fixed namespace: an mdev without a UUID gets the same one on every run.
 _MDEV_NAMESPACE = uuidlib.UUID("6f1c3b52-8c0e-4a52-9d8e-0b7a6d1e2c41")
 _DEFAULT_USER = "gpuadmin"
@@ -157,8 +188,29 @@ class HostSettings:
     """What the host keeps for itself, and the expert switches."""
 
     reserved_memory_mib: int | None = None  # None: 10% of RAM, at most 4 GiB
-    reserved_cpus: str = "0"  # cpulist kept for the host (and QEMU's own threads)
+    reserved_cpus: str = "0"  # cpulist kept for the host (and QEMU's own threads); "" keeps none
     mixed_vgpu_types: bool = False  # the GPUs run NVIDIA's mixed-size vGPU mode
+
+
+def check_settings(settings: HostSettings, problems: Problems, names: dict[str, str] | None = None) -> list[int]:
+    """``settings`` against the input rules, problems named by ``names`` (field -> how the
+    input calls it: gpu_vms_reserved_cpus in a host_vars file); returns the CPUs kept for the host."""
+    names = names or {}
+    if settings.reserved_memory_mib is not None:
+        path = names.get("reserved_memory_mib", "reserved_memory_mib")
+        integer(problems, path, settings.reserved_memory_mib, 0, MAX_MEMORY_MIB, " MiB")
+    path = names.get("reserved_cpus", "reserved_cpus")
+    reserved: list[int] | None = None
+    if isinstance(settings.reserved_cpus, (str, int)) and not isinstance(settings.reserved_cpus, bool):
+        # A cpulist string, or one CPU number: what role gpu_vms passes on as its string option.
+        reserved = cpu_list(problems, path, str(settings.reserved_cpus))
+    else:
+        problems.add(
+            path, f"must be a cpulist, not {kind(settings.reserved_cpus)}", "write it as a quoted cpulist: '0-1,8'"
+        )
+    if not isinstance(settings.mixed_vgpu_types, bool):
+        boolean(problems, names.get("mixed_vgpu_types", "mixed_vgpu_types"), settings.mixed_vgpu_types)
+    return reserved or []
 
 
 @dataclass
@@ -201,103 +253,56 @@ class HostPlan:
 # ---------------------------------------------------------------- parsing
 
 
-class _Problems:
-    def __init__(self, vm: str) -> None:
-        self.vm = vm
-        self.items: list[Refusal] = []
+class _Fields:
+    """Where each field of one VM entry is written, for messages: the entry's own path
+    (``gpu_vms_list[2].cpuset``) or, for a key it took from the defaults, theirs
+    (``gpu_vms_defaults.cpuset``)."""
 
-    def add(self, message: str, fix: str | None = None) -> None:
-        self.items.append(Refusal(f"VM {self.vm}: {message}", fix))
+    def __init__(self, problems: Problems, path: str, own: Any, defaults_path: str | None) -> None:
+        self.problems = problems
+        self.path = path
+        self.own = own  # the entry as written, before the defaults were merged under it
+        self.defaults_path = defaults_path
 
-
-def _int(value: Any, key: str, problems: _Problems, minimum: int = 0) -> int | None:
-    if isinstance(value, bool) or value is None:
-        problems.add(f"{key} must be a whole number, not {value!r}")
-        return None
-    try:
-        number = int(str(value), 10)
-    except ValueError:
-        problems.add(f"{key} must be a whole number, not {value!r}")
-        return None
-    if number < minimum:
-        problems.add(f"{key} must be at least {minimum}, not {number}")
-        return None
-    return number
-
-
-def _bool(value: Any, key: str, problems: _Problems) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("yes", "on", "true", "1"):
-        return True
-    if text in ("no", "off", "false", "0"):
-        return False
-    problems.add(f"{key} must be true or false, not {value!r}")
-    return None
+    def at(self, *keys: str | int) -> str:
+        base, node = self.path, self.own
+        if self.defaults_path is not None and isinstance(keys[0], str):
+            for key in keys:
+                if isinstance(key, int):
+                    break
+                if not isinstance(node, dict) or key not in node:
+                    base = self.defaults_path
+                    break
+                node = node[key]
+        return base + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys)
 
 
-def _choice(value: Any, key: str, choices: tuple[str, ...], problems: _Problems) -> str | None:
-    text = str(value).strip().lower()
-    if text not in choices:
-        problems.add(f"{key} must be one of {', '.join(choices)}, not {value!r}")
-        return None
-    return text
-
-
-def _address(value: Any, key: str, problems: _Problems) -> str | None:
-    try:
-        return normalize_address(str(value))
-    except PciAddressError as exc:
-        problems.add(f"{key}: {exc}")
-        return None
-
-
-def _list(value: Any, key: str, problems: _Problems) -> list[Any]:
+def _gpus(value: Any, f: _Fields) -> list[GpuSpec]:
+    gpus = []
     if value is None:
         return []
-    if not isinstance(value, list):
-        problems.add(f"{key} must be a list")
-        return []
-    return value
-
-
-def _path(value: Any, key: str, problems: _Problems) -> str | None:
-    text = str(value)
-    if not text.startswith("/"):
-        problems.add(f"{key} must be an absolute path on the host, not {value!r}")
-        return None
-    return text
-
-
-def _gpus(value: Any, problems: _Problems) -> list[GpuSpec]:
-    gpus = []
-    for i, entry in enumerate(_list(value, "gpus", problems)):
+    for i, entry in enumerate(sequence(f.problems, f.at("gpus"), value, MAX_DEVICES) or []):
         data = entry if isinstance(entry, dict) else {"address": entry}
-        unknown = set(data) - {"address", "rom"}
-        if unknown:
-            problems.add(f"gpus[{i}]: unknown keys {', '.join(sorted(unknown))} (known: address, rom)")
-        address = _address(data.get("address"), f"gpus[{i}]", problems)
-        rom = data.get("rom")
-        if isinstance(rom, bool):
-            rom = "on" if rom else "off"
-        if rom is not None and rom not in ("on", "off"):
-            rom = _path(rom, f"gpus[{i}].rom", problems)
+        mapping(f.problems, f.at("gpus", i), data, ("address", "rom"))
+        where = f.at("gpus", i, "address") if isinstance(entry, dict) else f.at("gpus", i)
+        address = pci_address(f.problems, where, data.get("address"))
+        rom_option = None if data.get("rom") is None else rom(f.problems, f.at("gpus", i, "rom"), data["rom"])
         if address:
-            gpus.append(GpuSpec(address, rom))
+            gpus.append(GpuSpec(address, rom_option))
     return gpus
 
 
-def _vfs(value: Any, problems: _Problems) -> list[VfSpec]:
+def _vfs(value: Any, f: _Fields) -> list[VfSpec]:
     vfs = []
-    for i, entry in enumerate(_list(value, "vfs", problems)):
+    if value is None:
+        return []
+    for i, entry in enumerate(sequence(f.problems, f.at("vfs"), value, MAX_DEVICES) or []):
         data = entry if isinstance(entry, dict) else {"address": entry}
-        unknown = set(data) - {"address", "vgpu_type"}
-        if unknown:
-            problems.add(f"vfs[{i}]: unknown keys {', '.join(sorted(unknown))} (known: address, vgpu_type)")
-        address = _address(data.get("address"), f"vfs[{i}]", problems)
+        mapping(f.problems, f.at("vfs", i), data, ("address", "vgpu_type"))
+        where = f.at("vfs", i, "address") if isinstance(entry, dict) else f.at("vfs", i)
+        address = pci_address(f.problems, where, data.get("address"))
         vtype = data.get("vgpu_type")
-        vgpu_type = None if vtype is None else _int(vtype, f"vfs[{i}].vgpu_type", problems, 1)
+        vgpu_type = None if vtype is None else integer(f.problems, f.at("vfs", i, "vgpu_type"), vtype, 1, MAX_VGPU_TYPE)
         if address:
             vfs.append(VfSpec(address, vgpu_type))
     return vfs
@@ -308,160 +313,181 @@ def default_mdev_uuid(vm: str, index: int) -> str:
     return str(uuidlib.uuid5(_MDEV_NAMESPACE, f"{vm}/{index}"))
 
 
-def _mdevs(value: Any, vm: str, problems: _Problems) -> list[MdevSpec]:
+def _mdevs(value: Any, vm: str, f: _Fields) -> list[MdevSpec]:
     mdevs = []
-    for i, entry in enumerate(_list(value, "mdevs", problems)):
-        if not isinstance(entry, dict):
-            problems.add(f"mdevs[{i}] must be a mapping with parent, type and (optionally) uuid")
+    p = f.problems
+    if value is None:
+        return []
+    for i, entry in enumerate(sequence(p, f.at("mdevs"), value, MAX_DEVICES) or []):
+        if mapping(p, f.at("mdevs", i), entry, ("parent", "type", "uuid")) is None:
             continue
-        unknown = set(entry) - {"parent", "type", "uuid"}
-        if unknown:
-            problems.add(f"mdevs[{i}]: unknown keys {', '.join(sorted(unknown))} (known: parent, type, uuid)")
-        parent, mtype = entry.get("parent"), entry.get("type")
-        if not parent or not mtype:
-            problems.add(f"mdevs[{i}] needs a parent (PCI address or name) and a type (e.g. nvidia-474)")
+        if entry.get("parent") is None or entry.get("type") is None:
+            p.add(f.at("mdevs", i), "needs a parent and a type", "e.g. {parent: '0000:41:00.0', type: nvidia-474}")
             continue
-        parent = str(parent)
-        try:
-            parent = normalize_address(parent)
-        except PciAddressError:
-            pass  # a non-PCI parent (the mtty sample) is named by its device name
-        raw = entry.get("uuid")
-        if raw is None:
+        raw = entry["parent"]
+        if isinstance(raw, str) and ":" in raw:
+            parent = pci_address(p, f.at("mdevs", i, "parent"), raw)
+        else:  # a non-PCI parent (the mtty sample) is named by its device name
+            parent = text(
+                p, f.at("mdevs", i, "parent"), raw, pattern=SYSFS_NAME_RE, rule=_SYSFS_NAME_RULE, what="parent"
+            )
+        mtype = text(
+            p, f.at("mdevs", i, "type"), entry["type"], pattern=SYSFS_NAME_RE, rule=_SYSFS_NAME_RULE, what="type"
+        )
+        if entry.get("uuid") is None:
             uuid = default_mdev_uuid(vm, i)
         else:
-            try:
-                uuid = str(uuidlib.UUID(str(raw)))
-            except ValueError:
-                problems.add(f"mdevs[{i}].uuid {raw!r} is not a UUID")
-                continue
-        mdevs.append(MdevSpec(parent, str(mtype), uuid))
+            uuid = uuid_text(p, f.at("mdevs", i, "uuid"), entry["uuid"])
+        if parent and mtype and uuid:
+            mdevs.append(MdevSpec(parent, mtype, uuid))
     return mdevs
 
 
-def _disk(value: Any, problems: _Problems) -> DiskSpec | None:
-    if value is None:
+_SYSFS_NAME_RULE = "a name as sysfs shows it: letters, digits and _.:- (`gpuprov inspect` lists parents and types)"
+
+
+def _disk(value: Any, f: _Fields) -> DiskSpec | None:
+    p = f.problems
+    if mapping(p, f.at("disk"), value, ("base", "size_gib", "path")) is None:
         return None
-    if not isinstance(value, dict):
-        problems.add("disk must be a mapping (base, size_gib, path)")
-        return None
-    unknown = set(value) - {"base", "size_gib", "path"}
-    if unknown:
-        problems.add(f"disk: unknown keys {', '.join(sorted(unknown))} (known: base, size_gib, path)")
-    base = _path(value["base"], "disk.base", problems) if value.get("base") else None
-    path = _path(value["path"], "disk.path", problems) if value.get("path") else None
-    size = _int(value["size_gib"], "disk.size_gib", problems, 1) if value.get("size_gib") is not None else None
-    if base is None and path is None:
-        problems.add("disk needs a base image (disk.base) or an existing disk (disk.path)")
+    base = None if value.get("base") is None else path_text(p, f.at("disk", "base"), value["base"])
+    path = None if value.get("path") is None else path_text(p, f.at("disk", "path"), value["path"])
+    size = None
+    if value.get("size_gib") is not None:
+        size = integer(p, f.at("disk", "size_gib"), value["size_gib"], 1, MAX_DISK_GIB, " GiB")
+    if value.get("base") is None and value.get("path") is None:
+        p.add(f.at("disk"), "needs a base image or an existing disk", "give disk.base (or disk.path)")
     return DiskSpec(base, size, path)
 
 
-def _cloud_init(value: Any, problems: _Problems) -> CloudInitSpec | None:
-    if value is None:
+def _cloud_init(value: Any, f: _Fields) -> CloudInitSpec | None:
+    p = f.problems
+    if mapping(p, f.at("cloud_init"), value, ("user", "ssh_authorized_keys", "hostname", "packages")) is None:
         return None
-    if not isinstance(value, dict):
-        problems.add("cloud_init must be a mapping (user, ssh_authorized_keys, hostname, packages)")
-        return None
-    unknown = set(value) - {"user", "ssh_authorized_keys", "hostname", "packages"}
-    if unknown:
-        known = "user, ssh_authorized_keys, hostname, packages"
-        problems.add(f"cloud_init: unknown keys {', '.join(sorted(unknown))} (known: {known})")
-    user = str(value.get("user") or _DEFAULT_USER)
-    if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", user):
-        problems.add(f"cloud_init.user {user!r} is not a valid user name")
-    keys = [str(k).strip() for k in _list(value.get("ssh_authorized_keys"), "cloud_init.ssh_authorized_keys", problems)]
-    hostname = value.get("hostname")
-    if hostname is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9-]{0,62}$", str(hostname)):
-        problems.add(f"cloud_init.hostname {hostname!r} is not a host name")
-    packages = [str(p) for p in _list(value.get("packages"), "cloud_init.packages", problems)]
-    return CloudInitSpec(user, keys, None if hostname is None else str(hostname), packages)
-
-
-def _boot(value: Any, problems: _Problems) -> BootSpec | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict) or not value.get("kernel"):
-        problems.add("boot must be a mapping with kernel (and optionally initrd, cmdline)")
-        return None
-    unknown = set(value) - {"kernel", "initrd", "cmdline"}
-    if unknown:
-        problems.add(f"boot: unknown keys {', '.join(sorted(unknown))} (known: kernel, initrd, cmdline)")
-    kernel = _path(value["kernel"], "boot.kernel", problems)
-    initrd = _path(value["initrd"], "boot.initrd", problems) if value.get("initrd") else None
-    cmdline = None if value.get("cmdline") is None else str(value["cmdline"])
-    return BootSpec(kernel or "", initrd, cmdline)
-
-
-def parse_vm(data: Any, index: int = 0) -> tuple[VmSpec | None, list[Refusal]]:
-    """One entry of the VM list -> a :class:`VmSpec`, or the problems that stop it."""
-    if not isinstance(data, dict):
-        return None, [Refusal(f"VM list entry {index} must be a mapping, not {type(data).__name__}")]
-    name = str(data.get("name") or "")
-    problems = _Problems(name or f"#{index}")
-    if not _NAME_RE.match(name):
-        problems.add(
-            "needs a name of letters, digits and _.+- (at most 63)",
-            "give each VM a unique name: it is the libvirt domain's",
+    user = _DEFAULT_USER
+    if value.get("user") is not None:
+        rule = "a Linux user name: lower-case letters, digits, _ and -, at most 32"
+        user = (
+            text(p, f.at("cloud_init", "user"), value["user"], pattern=USER_RE, rule=rule, what="user name")
+            or _DEFAULT_USER
         )
-    unknown = sorted(set(data) - set(VM_KEYS))
-    if unknown:
-        problems.add(f"unknown keys {', '.join(unknown)}", f"known keys: {', '.join(VM_KEYS)}")
+    keys = []
+    raw_keys = value.get("ssh_authorized_keys")
+    raw_keys = [] if raw_keys is None else raw_keys
+    for i, key in enumerate(sequence(p, f.at("cloud_init", "ssh_authorized_keys"), raw_keys, MAX_KEYS) or []):
+        checked = ssh_key(p, f.at("cloud_init", "ssh_authorized_keys", i), key)
+        if checked:
+            keys.append(checked)
+    hostname = None
+    if value.get("hostname") is not None:
+        rule = "a host name: letters, digits and -, at most 63"
+        hostname = text(
+            p, f.at("cloud_init", "hostname"), value["hostname"], pattern=HOSTNAME_RE, rule=rule, what="host name"
+        )
+    packages = []
+    raw_packages = [] if value.get("packages") is None else value["packages"]
+    for i, name in enumerate(sequence(p, f.at("cloud_init", "packages"), raw_packages, MAX_PACKAGES) or []):
+        rule = "a package name (optionally =version)"
+        checked = text(p, f.at("cloud_init", "packages", i), name, pattern=PACKAGE_RE, rule=rule, what="package")
+        if checked:
+            packages.append(checked)
+    return CloudInitSpec(user, keys, hostname, packages)
+
+
+def _boot(value: Any, f: _Fields) -> BootSpec | None:
+    p = f.problems
+    if mapping(p, f.at("boot"), value, ("kernel", "initrd", "cmdline")) is None:
+        return None
+    if value.get("kernel") is None:
+        p.add(f.at("boot"), "needs a kernel (and optionally initrd, cmdline)", "boot: {kernel: /path/to/vmlinuz}")
+        return None
+    kernel = path_text(p, f.at("boot", "kernel"), value["kernel"])
+    initrd = None if value.get("initrd") is None else path_text(p, f.at("boot", "initrd"), value["initrd"])
+    line = None if value.get("cmdline") is None else cmdline(p, f.at("boot", "cmdline"), value["cmdline"])
+    return BootSpec(kernel or "", initrd, line)
+
+
+def parse_vm(
+    data: Any,
+    index: int = 0,
+    *,
+    path: str | None = None,
+    own: Any = None,
+    defaults_path: str | None = None,
+    cpu_limit: int | None = None,
+) -> tuple[VmSpec | None, list[Refusal]]:
+    """One entry of the VM list -> a :class:`VmSpec`, or the problems that stop it.
+
+    Every field meets the rules of :mod:`gpuprov.validate`; each problem names its
+    field by ``path`` (default ``gpu_vms_list[index]``). ``own`` is the entry as
+    written when ``data`` has defaults merged under it (they are named by
+    ``defaults_path``); ``cpu_limit`` is the host's CPU count, when known.
+    """
+    problems = Problems()
+    f = _Fields(problems, path or f"gpu_vms_list[{index}]", data if own is None else own, defaults_path)
+    if mapping(problems, f.path, data, VM_KEYS) is None:
+        return None, problems.items
+    name = ""
+    if data.get("name") is None:
+        problems.add(f.at("name"), "is missing", "give each VM a unique name: it is the libvirt domain's")
+    else:
+        name = vm_name(problems, f.at("name"), data["name"]) or ""
     spec = VmSpec(name=name)
     if data.get("state") is not None:
-        spec.state = _choice(data["state"], "state", STATES, problems)
-    if "memory_mib" in data:
-        spec.memory_mib = _int(data["memory_mib"], "memory_mib", problems, 64) or spec.memory_mib
-    if "vcpus" in data:
-        spec.vcpus = _int(data["vcpus"], "vcpus", problems, 1) or spec.vcpus
+        spec.state = choice(problems, f.at("state"), data["state"], STATES)
+    if data.get("memory_mib") is not None:
+        memory = integer(problems, f.at("memory_mib"), data["memory_mib"], 64, MAX_MEMORY_MIB, " MiB")
+        spec.memory_mib = memory or spec.memory_mib
+    if data.get("vcpus") is not None:
+        spec.vcpus = integer(problems, f.at("vcpus"), data["vcpus"], 1, MAX_VCPUS) or spec.vcpus
     if data.get("firmware") is not None:
-        spec.firmware = _choice(data["firmware"], "firmware", FIRMWARES, problems) or spec.firmware
+        spec.firmware = choice(problems, f.at("firmware"), data["firmware"], FIRMWARES) or spec.firmware
     if data.get("accel") is not None:
-        spec.accel = _choice(data["accel"], "accel", ACCELS, problems) or spec.accel
+        spec.accel = choice(problems, f.at("accel"), data["accel"], ACCELS) or spec.accel
     if data.get("machine") is not None:
-        spec.machine = str(data["machine"])
-        if not spec.machine.startswith(("q35", "pc-q35")):
-            problems.add(f"machine {spec.machine!r} is not a q35 machine type", "GPUs need PCIe: use q35")
-    spec.gpus = _gpus(data.get("gpus"), problems)
-    spec.vfs = _vfs(data.get("vfs"), problems)
-    spec.mdevs = _mdevs(data.get("mdevs"), name, problems)
+        machine = machine_type(problems, f.at("machine"), data["machine"])
+        if machine is not None and not machine.startswith(("q35", "pc-q35")):
+            problems.add(f.at("machine"), f"{machine!r} is not a q35 machine type", "GPUs need PCIe: use q35")
+        spec.machine = machine or spec.machine
+    spec.gpus = _gpus(data.get("gpus"), f)
+    spec.vfs = _vfs(data.get("vfs"), f)
+    spec.mdevs = _mdevs(data.get("mdevs"), name, f)
     if data.get("numa_node") is not None:
-        spec.numa_node = _int(data["numa_node"], "numa_node", problems)
+        spec.numa_node = integer(problems, f.at("numa_node"), data["numa_node"], 0, MAX_NUMA_NODE)
     if data.get("cpuset") is not None:
-        cpus = parse_cpulist(str(data["cpuset"])) if not isinstance(data["cpuset"], list) else data["cpuset"]
-        try:
-            spec.cpuset = [int(c) for c in cpus]
-        except (TypeError, ValueError):
-            problems.add(f"cpuset {data['cpuset']!r} is not a CPU list (e.g. '8-15' or [8, 9])")
+        spec.cpuset = cpu_list(problems, f.at("cpuset"), data["cpuset"], cpu_limit)
         if spec.cpuset is not None and len(spec.cpuset) != spec.vcpus:
-            problems.add(f"cpuset names {len(spec.cpuset)} CPUs for {spec.vcpus} vCPUs: give one host CPU per vCPU")
+            problems.add(
+                f.at("cpuset"),
+                f"names {len(spec.cpuset)} CPUs for {spec.vcpus} vCPUs",
+                "give one host CPU per vCPU",
+            )
     if data.get("pin") is not None:
-        pin = _bool(data["pin"], "pin", problems)
+        pin = boolean(problems, f.at("pin"), data["pin"])
         spec.pin = spec.pin if pin is None else pin
     if data.get("hugepages") is not None:
         raw = data["hugepages"]
         if isinstance(raw, bool):
             spec.hugepages = "yes" if raw else "no"
         else:
-            spec.hugepages = _choice(raw, "hugepages", ("auto", "yes", "no", "true", "false"), problems) or "auto"
-            spec.hugepages = {"true": "yes", "false": "no"}.get(spec.hugepages, spec.hugepages)
+            spec.hugepages = choice(problems, f.at("hugepages"), raw, ("auto", "yes", "no")) or "auto"
     if data.get("hide_kvm") is not None:
-        spec.hide_kvm = _bool(data["hide_kvm"], "hide_kvm", problems)
+        spec.hide_kvm = boolean(problems, f.at("hide_kvm"), data["hide_kvm"])
     if data.get("vendor_id") is not None:
-        spec.vendor_id = str(data["vendor_id"])
-        if not _VENDOR_ID_RE.match(spec.vendor_id):
-            problems.add(f"vendor_id {spec.vendor_id!r} must be 1 to 12 letters or digits")
+        rule = "1 to 12 letters or digits"
+        spec.vendor_id = text(
+            problems, f.at("vendor_id"), data["vendor_id"], pattern=VENDOR_ID_RE, rule=rule, what="vendor_id"
+        )
     if "network" in data:
-        spec.network = None if data["network"] in (None, "") else str(data["network"])
+        raw = data["network"]
+        spec.network = None if raw in (None, "") else network_name(problems, f.at("network"), raw)
     if data.get("mac") is not None:
-        spec.mac = str(data["mac"]).lower()
-        if not _MAC_RE.match(spec.mac):
-            problems.add(f"mac {data['mac']!r} is not a MAC address (52:54:00:xx:xx:xx)")
-    spec.disk = _disk(data.get("disk"), problems)
-    spec.cloud_init = _cloud_init(data.get("cloud_init"), problems)
-    spec.boot = _boot(data.get("boot"), problems)
+        spec.mac = mac_address(problems, f.at("mac"), data["mac"])
+    spec.disk = None if data.get("disk") is None else _disk(data["disk"], f)
+    spec.cloud_init = None if data.get("cloud_init") is None else _cloud_init(data["cloud_init"], f)
+    spec.boot = None if data.get("boot") is None else _boot(data["boot"], f)
     if data.get("autostart") is not None:
-        autostart = _bool(data["autostart"], "autostart", problems)
-        spec.autostart = bool(autostart)
+        spec.autostart = bool(boolean(problems, f.at("autostart"), data["autostart"]))
     return (None if problems.items else spec), problems.items
 
 
@@ -671,16 +697,10 @@ def _check_mdevs(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, ledger: _L
                 )
             )
     for parent_name, by_type in sorted(types_on.items()):
-        if len(by_type) > 1 and _parent_vendor(facts, parent_name) == NVIDIA and not settings.mixed_vgpu_types:
-            parts = "; ".join(f"{t} for {', '.join(w)}" for t, w in sorted(by_type.items()))
-            plan.refusals.append(
-                Refusal(
-                    f"mixed vGPU types on {parent_name} ({parts}): all vGPUs of an NVIDIA GPU share one type",
-                    "give every vGPU on this GPU the same type, or put the other type on another GPU "
-                    "(or enable the driver's mixed-size mode and set mixed_vgpu_types)",
-                    parent_name,
-                )
-            )
+        if _parent_vendor(facts, parent_name) == NVIDIA:
+            refusal = mixed_types_refusal(parent_name, by_type, settings.mixed_vgpu_types)
+            if refusal:
+                plan.refusals.append(refusal)
 
 
 def _check_vgpu_vfs(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, settings: HostSettings) -> None:
@@ -719,24 +739,18 @@ def _check_vgpu_vfs(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, setting
                     )
                 )
     # All VFs of one GPU: the types asked for plus those the other VFs hold.
-    by_pf: dict[str, dict[int, list[str]]] = {}
+    by_pf: dict[str, dict[str, list[str]]] = {}
     for addr, state in facts.vgpu_vfs.items():
         dev = facts.pci.get(addr)
         if dev is None or dev.physfn is None:
             continue
         vtype = wanted.get(addr, state.current_type or None)
         if vtype:
-            by_pf.setdefault(dev.physfn, {}).setdefault(vtype, []).append(addr)
+            by_pf.setdefault(dev.physfn, {}).setdefault(str(vtype), []).append(addr)
     for pf, by_type in sorted(by_pf.items()):
-        if len(by_type) > 1 and not settings.mixed_vgpu_types:
-            parts = "; ".join(f"type {t} on {', '.join(sorted(a))}" for t, a in sorted(by_type.items()))
-            plan.refusals.append(
-                Refusal(
-                    f"mixed vGPU types on {pf} ({parts}): all vGPUs of an NVIDIA GPU share one type",
-                    "give every VF of this GPU the same vgpu_type (or enable mixed-size mode and set mixed_vgpu_types)",
-                    pf,
-                )
-            )
+        refusal = mixed_types_refusal(pf, by_type, settings.mixed_vgpu_types)
+        if refusal:
+            plan.refusals.append(refusal)
 
 
 def _node_hugepages(facts: HostFacts) -> dict[int, dict[int, int]]:
@@ -754,10 +768,10 @@ def _node_hugepages(facts: HostFacts) -> dict[int, dict[int, int]]:
     return out
 
 
-def _place(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, settings: HostSettings) -> None:
+def _place(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, reserved_cpus: list[int]) -> None:
     node_cpus = {n.node: parse_cpulist(n.cpulist) for n in facts.numa}
     all_cpus = sorted({c for cpus in node_cpus.values() for c in cpus})
-    reserved = set(parse_cpulist(settings.reserved_cpus))
+    reserved = set(reserved_cpus)
     used: dict[int, str] = {}  # host CPU -> VM pinned there
     hugepages_left = _node_hugepages(facts)
     for vm in vms:
@@ -855,7 +869,9 @@ def _place(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, settings: HostSe
         plan.placements[vm.name] = Placement(node=node, cpus=cpus, hugepage_kib=hugepage_kib)
 
 
-def _check_totals(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, settings: HostSettings) -> None:
+def _check_totals(
+    facts: HostFacts, vms: list[VmSpec], plan: HostPlan, settings: HostSettings, reserved: list[int]
+) -> None:
     total_kib = sum(n.memory_kib or 0 for n in facts.numa)
     reserved_kib = (
         settings.reserved_memory_mib * 1024
@@ -867,7 +883,7 @@ def _check_totals(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, settings:
     want_kib = sum(v.memory_mib * 1024 for v in vms)
     normal_kib = sum(v.memory_mib * 1024 for v in normal_vms)
     cpus = sorted({c for n in facts.numa for c in parse_cpulist(n.cpulist)})
-    reserved_cpus = [c for c in parse_cpulist(settings.reserved_cpus) if c in cpus]
+    reserved_cpus = [c for c in reserved if c in cpus]
     vcpus = sum(v.vcpus for v in vms)
     plan.resources = {
         "memory": {
@@ -919,17 +935,28 @@ def _check_totals(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, settings:
         )
 
 
-def plan_host(facts: HostFacts, vm_list: list[Any], settings: HostSettings | None = None) -> HostPlan:
-    """Check a host's whole VM list against its facts; place every VM. Pure."""
+def plan_host(
+    facts: HostFacts,
+    vm_list: list[Any],
+    settings: HostSettings | None = None,
+    *,
+    path: str = "gpu_vms_list",
+) -> HostPlan:
+    """Check a host's whole VM list against its facts; place every VM. Pure.
+
+    Entries and settings that break the input rules (:mod:`gpuprov.validate`) are
+    refused first, each named by its field (``path[i].field``)."""
     settings = settings or HostSettings()
     plan = HostPlan()
-    if not isinstance(vm_list, list):
-        plan.refusals.append(Refusal("the VM list must be a list of mappings (one per VM)"))
+    problems = Problems()
+    reserved = check_settings(settings, problems)
+    if sequence(problems, path, vm_list, MAX_VMS) is None or problems:
+        plan.refusals.extend(problems.items)
         return plan
     names: dict[str, int] = {}
     for i, data in enumerate(vm_list):
-        spec, problems = parse_vm(data, i)
-        plan.refusals.extend(problems)
+        spec, found = parse_vm(data, i, path=f"{path}[{i}]", cpu_limit=cpu_count(facts))
+        plan.refusals.extend(found)
         if spec is None:
             continue
         if spec.name in names:
@@ -938,7 +965,7 @@ def plan_host(facts: HostFacts, vm_list: list[Any], settings: HostSettings | Non
         names[spec.name] = i
         plan.vms.append(spec)
     active = [v for v in plan.vms if v.state != "absent"]
-    _place(facts, active, plan, settings)
+    _place(facts, active, plan, reserved)
     held = held_open(facts)
     ledger = _Ledger(plan)
     for vm in active:
@@ -952,10 +979,16 @@ def plan_host(facts: HostFacts, vm_list: list[Any], settings: HostSettings | Non
     _check_whole_and_sliced(facts, active, plan, ledger)
     _check_mdevs(facts, active, plan, ledger, settings)
     _check_vgpu_vfs(facts, active, plan, settings)
-    _check_totals(facts, active, plan, settings)
+    _check_totals(facts, active, plan, settings, reserved)
     for vm in plan.vms:
         plan.placements.setdefault(vm.name, Placement(node=None, cpus=None, hugepage_kib=None))
     return plan
+
+
+def cpu_count(facts: HostFacts) -> int | None:
+    """One past the host's highest CPU number (None: the host shows no NUMA CPU lists)."""
+    cpus = [c for n in facts.numa for c in parse_cpulist(n.cpulist)]
+    return max(cpus) + 1 if cpus else None
 
 
 def check_declared_mdevs(plan: HostPlan, declared: dict[str, dict[str, str]]) -> None:
@@ -994,27 +1027,3 @@ def merge_defaults(defaults: dict[str, Any], vm: Any) -> Any:
         else:
             out[key] = value
     return out
-
-
-def vm_list_from_document(doc: Any) -> tuple[list[Any], HostSettings, dict[str, Any]]:
-    """The VM list, host settings and defaults from a YAML document: a bare list of
-    VMs, or a mapping with the role's variables (a host_vars file):
-    ``gpu_vms_list``, ``gpu_vms_defaults``, ``gpu_vms_reserved_memory_mib``,
-    ``gpu_vms_reserved_cpus``, ``gpu_vms_mixed_vgpu_types``."""
-    if isinstance(doc, list):
-        return doc, HostSettings(), {}
-    if not isinstance(doc, dict) or "gpu_vms_list" not in doc:
-        raise ValueError("expected a list of VMs, or a mapping with gpu_vms_list (a host_vars file)")
-    defaults = doc.get("gpu_vms_defaults") or {}
-    if not isinstance(defaults, dict):
-        raise ValueError("gpu_vms_defaults must be a mapping")
-    vms = doc.get("gpu_vms_list") or []
-    if not isinstance(vms, list):
-        raise ValueError("gpu_vms_list must be a list of VMs")
-    merged = [merge_defaults(defaults, vm) for vm in vms]
-    settings = HostSettings(
-        reserved_memory_mib=doc.get("gpu_vms_reserved_memory_mib"),
-        reserved_cpus=str(doc.get("gpu_vms_reserved_cpus", "0") or ""),
-        mixed_vgpu_types=bool(doc.get("gpu_vms_mixed_vgpu_types", False)),
-    )
-    return merged, settings, defaults

@@ -15,6 +15,7 @@ import pytest
 
 from gpuprov.domain import DomainConfig, PciPassthrough, build_domain, domain_xml
 from gpuprov.host.numa import parse_cpulist
+from gpuprov.validate import ROM_DIR
 from gpuprov.virt import domain_config, vm_paths
 from gpuprov.vms import HostSettings, plan_host
 from tests.vmhosts import GIB_KIB, nvidia_vgpu_host, sriov_vgpu_host, two_node_host
@@ -33,7 +34,7 @@ DEVICES = {
         "mdevs": [MDEV],
     },
 }
-ROMS = {"default": None, "on": "on", "off": "off", "file": "/usr/share/gpuprov/vbios.rom"}
+ROMS = {"default": None, "on": "on", "off": "off", "file": f"{ROM_DIR}/vbios.rom"}
 TUNING = {
     "unpinned": {},
     "pinned": {"cpus": [16, 17], "numa_node": 1},

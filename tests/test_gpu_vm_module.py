@@ -1,8 +1,10 @@
 """The gpu_vm module, run for real by ansible (AnsiballZ) on a target interpreter
 with neither gpuprov nor ansible: against libvirt's test driver (``test:///FILE``,
-whose state is the file's), host facts from captured hosts, real storage in a
-temp dir (qemu-img overlay, genisoimage seed). The real qemu:///system run is
-tests/test_gpu_vms_libvirt.py."""
+whose state is the file's). GPU domains take their host facts from captured
+hosts (a staged root: the seed files land below it, commands are only listed in
+``not_run``); real storage (qemu-img overlay, genisoimage seed) is made on the
+live root in a temp dir, for VMs without devices. The real qemu:///system run is
+tests/test_gpu_vms_libvirt.py; hostile options are tests/test_inputs.py."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 
 from tests.conftest import tree_digest
 from tests.test_modules import run_module
+from tests.vmhosts import ssh_public_key
 
 NETWORK = """<network><name>default</name><bridge name='virbr0'/>
 <ip address='192.168.122.1' netmask='255.255.255.0'/></network>"""
@@ -84,7 +87,7 @@ def vm(storage: dict[str, str], **kw) -> dict:
         "firmware": "bios",
         "network": "default",
         "disk": {"base": storage["base"], "size_gib": 1},
-        "cloud_init": {"user": "gpuadmin", "ssh_authorized_keys": ["ssh-ed25519 AAAAC3Nza test@example"]},
+        "cloud_init": {"user": "gpuadmin", "ssh_authorized_keys": [ssh_public_key("test@example")]},
         **kw,
     }
 
@@ -104,8 +107,22 @@ def test_without_libvirt_bindings_the_module_names_the_package(bare_target, host
     assert "python3-libvirt" in result["msg"] and "libvirt-python" in result["msg"]
 
 
-def test_check_mode_then_define_then_idempotent_then_a_change(libvirt_python, host_root, storage, tmp_path) -> None:
-    root = host_root("gpu-audio")
+@pytest.fixture
+def staged(host_root, tmp_path, storage) -> Path:
+    """The gpu-audio capture, copied: a staged root the module may write its files below,
+    with the base image where the VM names it (the host's files are the root's)."""
+    dest = tmp_path / "staged"
+    shutil.copytree(host_root("gpu-audio"), dest, symlinks=True)
+    base = dest / storage["base"].lstrip("/")
+    base.parent.mkdir(parents=True)
+    shutil.copy2(storage["base"], base)
+    return dest
+
+
+def test_check_mode_then_define_then_idempotent_then_a_change(libvirt_python, staged, storage, tmp_path) -> None:
+    """A GPU domain over a captured host: defined in the test driver, idempotent; the storage
+    commands are the captured host's to run, so only listed, and the seed files land below the root."""
+    root = staged
     spec = vm(storage, gpus=["0000:01:00.0"])
     dry = run_module(
         libvirt_python, "gpu_vm", {"vm": spec, "state": "defined", **args(storage, node(tmp_path), root)}, check=True
@@ -114,7 +131,7 @@ def test_check_mode_then_define_then_idempotent_then_a_change(libvirt_python, ho
     assert dry["changed"] is True and not os.path.exists(storage["dir"])
     assert "define domain vm1 (new)" in dry["plan"]
     assert "+++ after: libvirt domain vm1" in dry["stdout"] and "multifunction" in dry["stdout"]
-    assert f"+++ after: {storage['dir']}/vm1-seed/user-data" in dry["stdout"]
+    assert f"+++ after: {root}{storage['dir']}/vm1-seed/user-data" in dry["stdout"]
     assert dry["placement"]["pci_slots"] == [["0000:01:00.0", "0000:01:00.1"]]
 
     first = run_module(
@@ -122,6 +139,37 @@ def test_check_mode_then_define_then_idempotent_then_a_change(libvirt_python, ho
     )
     assert not first["failed"], first.get("msg")
     assert first["changed"] is True and first["done"][-1] == "define domain vm1 (new)"
+    assert any("qemu-img create" in s for s in first["not_run"])
+    assert any("cidata" in s for s in first["not_run"])  # the seed ISO
+    assert not os.path.exists(storage["dir"])  # nothing on this machine
+    assert "#cloud-config" in Path(f"{root}{storage['dir']}/vm1-seed/user-data").read_text()
+
+    # The test driver forgets between calls: a host that has the domain as defined.
+    defined = node(tmp_path, as_test_driver_domain(first["xml"]))
+    before = tree_digest(root)
+    again = run_module(libvirt_python, "gpu_vm", {"vm": spec, "state": "defined", **args(storage, defined, root)})
+    assert not again["failed"], again.get("msg")
+    assert again["changed"] is False and tree_digest(root) == before
+    assert again["plan"] == again["not_run"]  # only the commands left to the captured host
+
+    changed = run_module(
+        libvirt_python,
+        "gpu_vm",
+        {"vm": {**spec, "memory_mib": 512}, "state": "defined", **args(storage, defined, root)},
+    )
+    assert not changed["failed"], changed.get("msg")
+    assert changed["changed"] is True and changed["done"] == ["define domain vm1 (its definition differs)"]
+    assert changed["needs_restart"] is True
+    assert '-  <memory unit="KiB">262144</memory>' in changed["stdout"]
+    assert '+  <memory unit="KiB">524288</memory>' in changed["stdout"]
+
+
+def test_storage_on_the_live_root_then_idempotent(libvirt_python, storage, tmp_path) -> None:
+    """On / (a VM without devices), the overlay and seed ISO are made for real, once."""
+    spec = vm(storage)
+    first = run_module(libvirt_python, "gpu_vm", {"vm": spec, "state": "defined", **args(storage, node(tmp_path), "/")})
+    assert not first["failed"], first.get("msg")
+    assert first["changed"] is True and first["not_run"] == []
     info = json.loads(
         subprocess.run(
             ["qemu-img", "info", "--output=json", f"{storage['dir']}/vm1.qcow2"], capture_output=True, check=True
@@ -130,24 +178,11 @@ def test_check_mode_then_define_then_idempotent_then_a_change(libvirt_python, ho
     assert info["backing-filename"] == storage["base"] and info["virtual-size"] == 1 << 30
     assert os.path.getsize(f"{storage['dir']}/vm1-seed.iso") > 0
     assert "#cloud-config" in Path(f"{storage['dir']}/vm1-seed/user-data").read_text()
-
-    # The test driver forgets between calls: a host that has the domain as defined.
     defined = node(tmp_path, as_test_driver_domain(first["xml"]))
     before = tree_digest(Path(storage["dir"]))
-    again = run_module(libvirt_python, "gpu_vm", {"vm": spec, "state": "defined", **args(storage, defined, root)})
+    again = run_module(libvirt_python, "gpu_vm", {"vm": spec, "state": "defined", **args(storage, defined, "/")})
     assert not again["failed"], again.get("msg")
     assert again["changed"] is False and again["plan"] == [] and tree_digest(Path(storage["dir"])) == before
-
-    changed = run_module(
-        libvirt_python,
-        "gpu_vm",
-        {"vm": {**spec, "memory_mib": 512}, "state": "defined", **args(storage, defined, root)},
-    )
-    assert not changed["failed"], changed.get("msg")
-    assert changed["changed"] is True and changed["plan"] == ["define domain vm1 (its definition differs)"]
-    assert changed["needs_restart"] is True
-    assert '-  <memory unit="KiB">262144</memory>' in changed["stdout"]
-    assert '+  <memory unit="KiB">524288</memory>' in changed["stdout"]
 
 
 def test_a_device_held_by_another_domain_is_refused(libvirt_python, host_root, storage, tmp_path) -> None:
@@ -193,21 +228,21 @@ def test_the_whole_host_list_is_checked_first(libvirt_python, host_root, storage
     assert not os.path.exists(storage["dir"])
 
 
-def test_defaults_merge_under_the_vm(libvirt_python, host_root, storage, tmp_path) -> None:
+def test_defaults_merge_under_the_vm(libvirt_python, staged, storage, tmp_path) -> None:
     spec = vm(storage, cloud_init={"hostname": "trainer"})
-    defaults = {"cloud_init": {"user": "ops", "ssh_authorized_keys": ["ssh-ed25519 AAAA ops"]}, "vcpus": 1}
+    defaults = {"cloud_init": {"user": "ops", "ssh_authorized_keys": [ssh_public_key("ops")]}, "vcpus": 1}
     result = run_module(
         libvirt_python,
         "gpu_vm",
-        {"vm": spec, "defaults": defaults, "state": "defined", **args(storage, node(tmp_path), host_root("gpu-audio"))},
+        {"vm": spec, "defaults": defaults, "state": "defined", **args(storage, node(tmp_path), staged)},
         check=True,
     )
     assert not result["failed"], result.get("msg")
     assert result["guest_user"] == "ops" and '"hostname": "trainer"' in result["stdout"]
 
 
-def test_running_and_a_missing_network(libvirt_python, host_root, storage, tmp_path) -> None:
-    root = host_root("gpu-audio")
+def test_running_and_a_missing_network(libvirt_python, staged, storage, tmp_path) -> None:
+    root = staged
     started = run_module(libvirt_python, "gpu_vm", {"vm": vm(storage), **args(storage, node(tmp_path), root)})
     assert not started["failed"], started.get("msg")
     assert started["done"][-2:] == ["define domain vm1 (new)", "start domain vm1 (state running)"]
@@ -217,8 +252,8 @@ def test_running_and_a_missing_network(libvirt_python, host_root, storage, tmp_p
     assert missing["failed"] and "VM vm1: libvirt network default does not exist" in missing["msg"]
 
 
-def test_absent_undefines_and_removes_what_it_made(libvirt_python, host_root, storage, tmp_path) -> None:
-    root = host_root("gpu-audio")
+def test_absent_undefines_and_removes_what_it_made(libvirt_python, storage, tmp_path) -> None:
+    root = "/"  # storage is made and removed for real on the live root
     first = run_module(
         libvirt_python, "gpu_vm", {"vm": vm(storage), "state": "defined", **args(storage, node(tmp_path), root)}
     )

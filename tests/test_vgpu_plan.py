@@ -107,16 +107,16 @@ def files(plan: VgpuPlan) -> dict[str, str | None]:
 @pytest.mark.parametrize(
     ("gpus", "text", "fix"),
     [
-        (["mtty"], "gpuprov_gpus must be a mapping keyed by PCI address, not list", None),
+        (["mtty"], "gpuprov_gpus must be a mapping keyed by PCI address, not a list", None),
         ({"mtty": "mdev"}, "gpuprov_gpus['mtty'] must be a mapping with use", "use is one of passthrough, host, mdev"),
         ({V100: {"use": "vgpu"}}, "use 'vgpu' is not one of passthrough, host, mdev, sriov_vgpu, mig", None),
         ({"mtty": {"use": "mdev", "mdevs": [], "count": 2}}, "unknown keys count", "known keys here: use, mdevs"),
         ({"mtty": {"use": "mdev", "mdevs": [{"type": "mtty-2", "name": "a"}]}}, "mdevs[0]: unknown keys name", None),
-        ({"mtty": {"use": "mdev", "mdevs": "mtty-2"}}, "mtty: mdevs must be a list, not str", None),
+        ({"mtty": {"use": "mdev", "mdevs": "mtty-2"}}, "mtty: mdevs: must be a list, not the string 'mtty-2'", None),
         ({"mtty": {"use": "mdev", "mdevs": [{"uuid": LAB_UUID}]}}, "mdevs[0] must be a mapping with a type", None),
         (
             {"mtty": {"use": "mdev", "mdevs": [{"type": "mtty-2", "uuid": "5e2bb1d2"}]}},
-            "uuid '5e2bb1d2' is not a UUID",
+            "uuid: '5e2bb1d2' is not a UUID",
             None,
         ),
         ({"0000:81:00": {"use": "mig", "mig": []}}, "'0000:81:00' is not a PCI address", "full PCI address"),

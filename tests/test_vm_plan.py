@@ -164,7 +164,7 @@ def test_mixed_vgpu_types_on_an_nvidia_gpu(tmp_path) -> None:
     ]
     assert (
         "mixed vGPU types on 0000:41:00.0 (nvidia-474 for VM a; nvidia-475 for VM b): "
-        "all vGPUs of an NVIDIA GPU share one type" in messages(facts, vms)
+        "all time-sliced vGPUs of an NVIDIA GPU share one type" in messages(facts, vms)
     )
     assert not messages(facts, vms, HostSettings(reserved_memory_mib=0, mixed_vgpu_types=True))
 
@@ -212,8 +212,8 @@ def test_mixed_vgpu_types_on_the_vfs_of_one_gpu(tmp_path) -> None:
     facts = sriov_vgpu_host(tmp_path / "root", current={"0000:41:00.6": 558})
     found = messages(facts, [vm("a", vfs=[{"address": "0000:41:00.4", "vgpu_type": 557}])])
     assert (
-        "mixed vGPU types on 0000:41:00.0 (type 557 on 0000:41:00.4; type 558 on 0000:41:00.6): "
-        "all vGPUs of an NVIDIA GPU share one type" in found
+        "mixed vGPU types on 0000:41:00.0 (557 for 0000:41:00.4; 558 for 0000:41:00.6): "
+        "all time-sliced vGPUs of an NVIDIA GPU share one type" in found
     )
 
 
@@ -283,13 +283,13 @@ def test_hugepages_oversubscribed(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("entry", "text"),
     [
-        ({"name": "a", "memroy_mib": 1}, "VM a: unknown keys memroy_mib"),
-        ({"name": "a", "gpus": ["41:00"]}, "VM a: gpus[0]: '41:00' is not a PCI address"),
-        ({"name": "a b"}, "VM a b: needs a name of letters, digits and _.+-"),
-        ({"name": "a", "vcpus": "two"}, "VM a: vcpus must be a whole number, not 'two'"),
-        ({"name": "a", "firmware": "coreboot"}, "VM a: firmware must be one of efi, bios, not 'coreboot'"),
-        ({"name": "a", "mdevs": [{"parent": "mtty", "type": "mtty-1", "uuid": "nope"}]}, "mdevs[0].uuid 'nope'"),
-        ({"name": "a", "disk": {"base": "relative.qcow2"}}, "disk.base must be an absolute path"),
+        ({"name": "a", "memroy_mib": 1}, "gpu_vms_list[0]: unknown keys memroy_mib"),
+        ({"name": "a", "gpus": ["41:00"]}, "gpu_vms_list[0].gpus[0]: '41:00' is not a PCI address"),
+        ({"name": "a b"}, "gpu_vms_list[0].name: 'a b' is not a valid VM name"),
+        ({"name": "a", "vcpus": "two"}, "gpu_vms_list[0].vcpus: must be a whole number, not the string 'two'"),
+        ({"name": "a", "firmware": "coreboot"}, "gpu_vms_list[0].firmware: must be one of efi, bios, not the string"),
+        ({"name": "a", "mdevs": [{"parent": "mtty", "type": "mtty-1", "uuid": "nope"}]}, "mdevs[0].uuid: 'nope'"),
+        ({"name": "a", "disk": {"base": "relative.qcow2"}}, "disk.base: 'relative.qcow2' is not an absolute"),
     ],
 )
 def test_malformed_entries(host_root, entry, text) -> None:

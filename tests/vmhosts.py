@@ -4,6 +4,8 @@ SR-IOV vGPU VFs. Built with tests/fakehost.py; captured hosts cover the rest."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from pathlib import Path
 
 from gpuprov.host.facts import HostFacts, gather
@@ -11,6 +13,14 @@ from gpuprov.host.sysfs import Sysfs
 from tests.fakehost import FakeHost
 
 GIB_KIB = 1048576
+
+
+def ssh_public_key(comment: str = "admin@example", key_type: str = "ssh-ed25519") -> str:
+    """A well-formed public key line (its blob names its type; the key bits are a hash of the comment)."""
+    name = key_type.encode()
+    bits = hashlib.sha256(comment.encode()).digest()
+    blob = len(name).to_bytes(4, "big") + name + len(bits).to_bytes(4, "big") + bits
+    return f"{key_type} {base64.b64encode(blob).decode()} {comment}"
 
 
 def add_numa(fake: FakeHost, nodes: list[tuple[str, int, dict[int, int]]]) -> None:

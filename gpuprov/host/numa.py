@@ -17,15 +17,24 @@ class NumaNode:
     # "2048kB" -> {"total": n, "free": n}
 
 
+# No CPU number reaches this (Linux's largest NR_CPUS): a list naming more is garbage, not expanded.
+MAX_CPUS = 8192
+
+
 def parse_cpulist(text: str | None) -> list[int]:
-    """``0-3,8,10-11`` -> [0, 1, 2, 3, 8, 10, 11]; malformed parts are skipped."""
+    """``0-3,8,10-11`` -> [0, 1, 2, 3, 8, 10, 11]; malformed parts, and numbers from
+    :data:`MAX_CPUS` on, are skipped (a hostile ``0-4000000000`` is never expanded)."""
     cpus: list[int] = []
-    for part in (text or "").split(","):
+    for part in (text or "").split(",")[:MAX_CPUS]:
         lo, _sep, hi = part.strip().partition("-")
+        if len(lo) > 5 or len(hi) > 5:
+            continue
         try:
-            cpus.extend(range(int(lo), int(hi or lo) + 1))
+            first, last = int(lo), int(hi or lo)
         except ValueError:
             continue
+        if 0 <= first <= last < MAX_CPUS and len(cpus) < MAX_CPUS:
+            cpus.extend(range(first, last + 1))
     return cpus
 
 

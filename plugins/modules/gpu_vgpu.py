@@ -29,6 +29,9 @@ description:
     GPU, a type the parent or VF does not offer, more mdevs than C(available_instances), mixed vGPU types on an
     NVIDIA GPU (unless O(mixed_vgpu_types)), SR-IOV on a GPU without VFs, an unknown MIG profile or a layout that
     does not fit, MIG mode off, and removing or changing an instance a running domain or process uses.
+  - Every option and every value in O(gpus) is checked first (real booleans and numbers, quoted PCI addresses,
+    canonical UUIDs, type names without C(/), at most 7 instances of a MIG profile); every problem is reported
+    at once in RV(refusals), before anything is read or changed. See docs/reference/inputs.md.
   - Only instances this module made (recorded in the saved layout) are removed when the config drops them; with
     O(prune), any instance on a declared GPU the config does not name goes too.
   - Runtime sysfs writes and commands run only when O(root) is C(/); against another root the files are written
@@ -190,8 +193,9 @@ refusals:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import ApplyError
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.inputs import validate_gpu_vgpu_options
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, warn_or_refuse
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import ApplyError, Plan
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.vgpu import VgpuRequest, enable_then_replan, plan_host
 
 
@@ -210,6 +214,10 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
+    problems = validate_gpu_vgpu_options(p)
+    if problems:
+        warn_or_refuse(module, Plan(refusals=problems), {"plan": [], "not_run": [], "root": p["root"]})
+        return
     request = VgpuRequest(
         gpus=p["gpus"],
         scheduler=p["scheduler"],

@@ -203,7 +203,7 @@ options:
     description: Host memory kept for the host; unset means 10% of it, at most 4 GiB.
     type: int
   reserved_cpus:
-    description: Host CPUs (cpulist) kept for the host; pinned vCPUs never use them.
+    description: Host CPUs (cpulist, C(0-1,8)) kept for the host; pinned vCPUs never use them.
     type: str
     default: "0"
   mixed_vgpu_types:
@@ -222,8 +222,11 @@ options:
     default: 180
   root:
     description:
-      - The host's root for its facts and sysfs writes (mdev creation, a VF's vGPU type); C(/) on a real host,
-        a captured root for dry runs. The disk and seed go to O(storage_dir) and the domain to O(uri) either way.
+      - The host's root for its facts (C(/) on a real host; a captured or staged root for dry runs).
+      - With another root the module plans and reports; the seed files are written below that root, and
+        commands (C(qemu-img), the ISO tool, C(mkdir)), sysfs writes and libvirt (unless O(uri) is libvirt's
+        test driver, C(test:///...), which holds no machine) are not touched on this machine; they are
+        listed in RV(not_run).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpuprov.kvm.plan
@@ -233,6 +236,12 @@ attributes:
     details: Shows the domain XML diff and the seed files.
   platform:
     platforms: posix
+notes:
+  - Check mode reports the plan and, with C(--diff), the domain XML diff and seed files; it changes nothing.
+  - Every option, and every key inside O(vm), O(defaults) and O(host_vms), is checked before anything is read
+    from libvirt or changed (real booleans and numbers, bounded ranges and CPU lists, names by libvirt's rules,
+    one SSH key per entry, a unicast MAC, ROM files in /var/lib/libvirt/roms); every problem is reported at once
+    in RV(refusals). See docs/reference/inputs.md.
 seealso:
   - module: gpuprov.kvm.vfio_bind
 """
@@ -340,12 +349,17 @@ refusals:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.facts import gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.inputs import validate_gpu_vm_options
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import warn_or_refuse
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import Plan
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.seed import ISO_TOOLS
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.virt import (
     LibvirtMissing,
     LiveDomain,
     StorageState,
     VmOptions,
     connect,
+    consults_libvirt,
     find_iso_tool,
     finish_vm,
     network_state,
@@ -355,7 +369,7 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.virt import (
     read_storage,
     vm_paths,
 )
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.vms import HostSettings, merge_defaults, plan_host
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.vms import cpu_count, plan_host
 
 
 def main() -> None:
@@ -378,45 +392,48 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    vm = merge_defaults(p["defaults"], p["vm"])
-    name = str(vm.get("name") or "")
-    state = vm.get("state") or p["state"]
-    vm = {**vm, "state": state}
-    host_vms = [merge_defaults(p["defaults"], entry) for entry in p["host_vms"]]
-    vms = [vm if isinstance(entry, dict) and entry.get("name") == name else entry for entry in host_vms]
-    if not any(isinstance(entry, dict) and entry.get("name") == name for entry in vms):
-        vms.append(vm)
-    settings = HostSettings(p["reserved_memory_mib"], p["reserved_cpus"] or "", p["mixed_vgpu_types"])
-    try:
-        conn = connect(p["uri"])
-    except (LibvirtMissing, RuntimeError) as exc:
-        module.fail_json(msg=str(exc))
-    facts = gather(Sysfs(p["root"]))
-    host = plan_host(facts, vms, settings)
-    spec = host.vm(name)
-    live = read_live(conn, name)
+    root = p["root"]
+    facts = gather(Sysfs(root))
+    given, problems = validate_gpu_vm_options(p, cpu_limit=cpu_count(facts))
+    if given is None or problems:
+        warn_or_refuse(module, Plan(refusals=problems), {"plan": [], "not_run": [], "root": root})
+        return
+    conn = None
+    if consults_libvirt(root, p["uri"]):
+        try:
+            conn = connect(p["uri"])
+        except (LibvirtMissing, RuntimeError) as exc:
+            module.fail_json(msg=str(exc))
+    host = plan_host(facts, given.vm_list, given.settings)
+    spec = host.vm(given.name)
+    live = read_live(conn, given.name) if conn is not None else LiveDomain()
     storage = StorageState()
     if spec is not None:
-        paths = vm_paths(spec, p["storage_dir"])
-        storage = read_storage(spec, paths, p["storage_dir"])
+        storage = read_storage(spec, vm_paths(spec, p["storage_dir"]), p["storage_dir"], root)
     opts = VmOptions(
-        state=state,
+        state=given.state,
         storage_dir=p["storage_dir"],
-        iso_tool=find_iso_tool(module.get_bin_path),
+        # Another root: the tools are that host's, and nothing is run here.
+        iso_tool=find_iso_tool(module.get_bin_path) or (None if conn is not None else ISO_TOOLS[0]),
         qemu_img=module.get_bin_path("qemu-img") or "qemu-img",
         remove_storage=p["remove_storage"],
-        network_state=network_state(conn, spec.network if spec else None),
+        network_state=network_state(conn, spec.network if spec else None) if conn is not None else "active",
     )
-    others = other_assignments(conn, name) if state != "absent" else {}
-    plan = plan_vm(facts, host, name, live if live.exists else LiveDomain(), others, storage, opts)
+    others = other_assignments(conn, given.name) if conn is not None and given.state != "absent" else {}
+    plan = plan_vm(facts, host, given.name, live if live.exists else LiveDomain(), others, storage, opts)
+    if conn is None:
+        plan.warnings.append(
+            f"root is {root}, not /: libvirt ({p['uri']}) was not consulted and nothing is run on this machine; "
+            "the plan takes the domain as absent and its network as active (see not_run)"
+        )
     finish_vm(
         module,
         plan,
         conn,
-        p["root"],
+        root,
         shutdown_timeout=p["shutdown_timeout"],
         wait_address=p["wait_for_address"],
-        state=state,
+        state=given.state,
         mac=spec.guest_mac if spec is not None and spec.network else None,
         guest_user=spec.cloud_init.user if spec is not None and spec.cloud_init else None,
     )

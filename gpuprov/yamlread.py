@@ -1,0 +1,115 @@
+"""Read a YAML file a person gave gpuprov: safely, and bounded in size, depth and alias expansion.
+
+Every YAML file gpuprov reads itself goes through :func:`read_yaml` (``gpuprov
+plan``'s host_vars file; Ansible parses YAML for the modules). The limits
+(docs/reference/inputs.md, "YAML files"):
+
+- a regular file of at most :data:`MAX_BYTES` (a FIFO or device is refused, never opened for a read that blocks);
+- UTF-8 (a BOM is allowed); anything else is refused naming the byte offset;
+- PyYAML's safe loader (plain data: no Python objects), one document;
+- at most :data:`MAX_DEPTH` levels of nesting (PyYAML's composer recurses);
+- at most :data:`MAX_NODES` nodes *after* aliases are expanded: anchors and
+  aliases (``<<: *defaults``) are fine, an alias bomb (a few hundred bytes that
+  expand to billions of nodes) is refused while it is being read. A recursive
+  alias is refused too.
+
+CLI side only: PyYAML is not in the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any
+
+import yaml
+
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_NODES = 250_000
+
+
+class YamlInputError(ValueError):
+    """The file cannot be taken: the message names the file, the problem and the fix."""
+
+
+def _where(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that counts nodes as they would be expanded (an alias counts as its whole
+    anchored tree) and the nesting depth, and stops past the limits."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._nodes = 0
+        self._depth = 0
+        self._anchor_sizes: dict[str, int] = {}  # anchor -> expanded node count, once composed
+
+    def _count(self, n: int, mark: Any) -> None:
+        self._nodes += n
+        if self._nodes > MAX_NODES:
+            raise yaml.YAMLError(
+                f"more than {MAX_NODES} values once aliases are expanded ({_where(mark)}): "
+                "an alias bomb, or a file far larger than any host's"
+            )
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self.anchors and event.anchor not in self._anchor_sizes:
+                raise yaml.YAMLError(f"alias *{event.anchor} refers to itself ({_where(event.start_mark)})")
+            self._count(self._anchor_sizes.get(event.anchor, 0), event.start_mark)
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise yaml.YAMLError(f"nested more than {MAX_DEPTH} levels deep ({_where(event.start_mark)})")
+        before = self._nodes
+        self._count(1, event.start_mark)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if event.anchor is not None:
+            self._anchor_sizes[event.anchor] = self._nodes - before
+        return node
+
+
+def read_yaml(path: str) -> Any:
+    """The one YAML document in ``path``, as plain data; :class:`YamlInputError` when it cannot be taken."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise YamlInputError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise YamlInputError(f"{path} is not a regular file: give a YAML file")
+        if info.st_size > MAX_BYTES:
+            raise YamlInputError(f"{path} is {info.st_size} bytes, more than {MAX_BYTES}: give the host's own file")
+        data = os.read(fd, MAX_BYTES + 1)
+    except OSError as exc:
+        raise YamlInputError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise YamlInputError(f"{path} is more than {MAX_BYTES} bytes: give the host's own file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise YamlInputError(
+            f"{path} is not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start}; save the file as UTF-8"
+        ) from None
+    loader = None
+    try:
+        loader = _BoundedLoader(text.removeprefix("\ufeff"))  # its reader refuses control characters here
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        raise YamlInputError(f"{path} is not valid YAML: {exc}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # Values PyYAML's constructors choke on (an integer of 5000 digits, a bad date...).
+        raise YamlInputError(f"{path} is not valid YAML: {exc}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()

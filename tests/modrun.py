@@ -1,0 +1,69 @@
+"""Run a module of plugins/modules in this process, for the many hostile cases a subprocess per case
+would make slow: its ``ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov`` imports resolve to this checkout's
+gpuprov (what AnsiballZ ships), its arguments come through Ansible's own test hook, so
+the argument spec's type coercion applies as on a target. tests/test_modules.py runs
+modules for real through ansible."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import json
+import pkgutil
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import gpuprov
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+UTILS = "ansible_collections.gpuprov.kvm.plugins.module_utils"
+
+
+def _alias_gpuprov() -> None:
+    """``<collection module_utils>.gpuprov.X`` is ``gpuprov.X``: one module object each."""
+    if f"{UTILS}.gpuprov" in sys.modules:
+        return
+    import ansible_collections
+
+    for info in pkgutil.walk_packages(gpuprov.__path__, "gpuprov."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+    # The collection's packages above module_utils, as empty packages (nothing else is in them here).
+    parent: Any = ansible_collections
+    for part in UTILS.split(".")[1:]:
+        name = f"{parent.__name__}.{part}"
+        package = sys.modules.get(name) or types.ModuleType(name)
+        package.__path__ = []
+        sys.modules[name] = package
+        setattr(parent, part, package)
+        parent = package
+    for name, module in list(sys.modules.items()):
+        if name == "gpuprov" or name.startswith("gpuprov."):
+            sys.modules[f"{UTILS}.{name}"] = module
+    parent.gpuprov = gpuprov
+
+
+def run_in_process(module: str, args: dict[str, Any], *, check: bool = False) -> dict[str, Any]:
+    """The module's result (``failed`` always set), as ``ansible -m module -a args`` would give it."""
+    from ansible.module_utils.testing import patch_module_args
+
+    _alias_gpuprov()
+    spec = importlib.util.spec_from_file_location(f"gpuprov_library_{module}", REPO / "plugins" / "modules" / f"{module}.py")
+    assert spec is not None and spec.loader is not None
+    code = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(code)
+    out = io.StringIO()
+    params = {**args, "_ansible_check_mode": check, "_ansible_diff": True}
+    with patch_module_args(params), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        code.main()
+    result = json.loads(out.getvalue())
+    result.setdefault("failed", False)
+    # Warnings as their text (in process they come as ansible-core's WarningSummary objects).
+    result["warnings"] = [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
+    return result
