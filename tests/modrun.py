@@ -54,7 +54,9 @@ def run_in_process(module: str, args: dict[str, Any], *, check: bool = False) ->
     from ansible.module_utils.testing import patch_module_args
 
     _alias_gpuprov()
-    spec = importlib.util.spec_from_file_location(f"gpuprov_library_{module}", REPO / "plugins" / "modules" / f"{module}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"gpuprov_library_{module}", REPO / "plugins" / "modules" / f"{module}.py"
+    )
     assert spec is not None and spec.loader is not None
     code = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(code)
