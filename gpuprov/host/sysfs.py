@@ -6,12 +6,19 @@ machine (root ``/``) are read the same way. Paths are given relative to the
 root (``"sys/bus/pci/devices"``). A missing or unreadable file is ``None``,
 never an exception: hosts differ in kernel version, permissions and drivers,
 and a fact that cannot be read is reported as unknown by the caller.
+
+A root other than ``/`` is untrusted (a capture from anywhere, docs/concepts/captures.md):
+every path is resolved inside it, as if it were ``/`` (a link to ``/etc/passwd`` or
+``../../..`` stays in the root; a loop reads as missing), and only regular files are
+opened, never a FIFO or a device. The live root is the kernel's own sysfs and procfs: the
+kernel resolves its paths, and only the few files outside them are checked.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterator
 
 _PCI_DIR = re.compile(r"^(pci)?[0-9a-f]{4,8}:[0-9a-f]{2}(:[0-1][0-9a-f]\.[0-7])?$")
@@ -23,7 +30,14 @@ TraceEntry = tuple[str, str]
 # procfs files can be long and come a page at a time, so those are read to EOF,
 # up to a cap that keeps a stray huge file from being slurped.
 _CHUNK = 1 << 16
-_MAX_READ = 1 << 24
+MAX_READ_BYTES = 1 << 24
+# Entries one listing of an untrusted root may hold (a real /proc or PCI bus has thousands).
+MAX_DIR_ENTRIES = 1 << 18
+# Symlinks followed in one path, as the kernel's MAXSYMLINKS.
+MAX_LINK_HOPS = 40
+# Regular files only, and opening never waits (a FIFO opens at once, then fstat refuses it).
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+_OPEN_CONFINED = _OPEN_FLAGS | os.O_NOFOLLOW
 
 
 def parse_int(text: str | None, base: int = 10) -> int | None:
@@ -50,6 +64,8 @@ class Sysfs:
         self.trace: list[TraceEntry] | None = [] if trace else None
         # Path prefixes already resolved (sysfs does not change during one read).
         self._resolved: dict[str, str] = {}
+        # Untrusted roots: root-relative path -> its real path inside the root (None: missing or looping).
+        self._real: dict[str, str | None] = {}
 
     @property
     def live(self) -> bool:
@@ -72,8 +88,18 @@ class Sysfs:
             self.trace.append(("read", rel))
         # os.open/os.read: a buffered file object costs more than the read itself.
         try:
-            fd = os.open(f"{self._prefix}/{rel}", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
+            if not self._prefix:
+                fd = self._open_live(rel)
+            else:
+                real = self._inside(rel, follow=True)
+                # lstat before open: opening a device node can act (a watchdog, a tape).
+                if real is None or not stat.S_ISREG(os.lstat(real).st_mode):
+                    return None
+                fd = os.open(real, _OPEN_CONFINED)
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the lstat
+                    os.close(fd)
+                    return None
+        except (OSError, ValueError):  # ValueError: a NUL in a path built from read data
             return None
         try:
             data = os.read(fd, _CHUNK)
@@ -81,15 +107,28 @@ class Sysfs:
                 return data
             chunks = [data]
             total = len(data)
-            while data and total < _MAX_READ:
+            while data and total < MAX_READ_BYTES:
                 data = os.read(fd, _CHUNK)
                 chunks.append(data)
                 total += len(data)
             return b"".join(chunks)
-        except OSError:
+        except (OSError, ValueError):
             return None
         finally:
             os.close(fd)
+
+    def _open_live(self, rel: str) -> int:
+        """Open a file of the running machine. sysfs and procfs hold no FIFOs or devices, so
+        only the few files elsewhere (``etc/os-release``...) pay for a check."""
+        if rel.startswith(("sys/", "proc/")):
+            return os.open(f"/{rel}", _OPEN_FLAGS)
+        if not stat.S_ISREG(os.stat(f"/{rel}").st_mode):
+            raise OSError(f"/{rel} is not a regular file")
+        fd = os.open(f"/{rel}", _OPEN_FLAGS)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"/{rel} is not a regular file")
+        return fd
 
     def read_int(self, rel: str, base: int = 0) -> int | None:
         """An integer attribute (``0x10de``, ``16``, ``-1``); ``None`` if not one."""
@@ -109,17 +148,38 @@ class Sysfs:
         if self.trace is not None:
             self.trace.append(("listdir", rel))
         try:
-            return sorted(os.listdir(f"{self._prefix}/{rel}"))
-        except OSError:
+            if not self._prefix:
+                return sorted(os.listdir(f"/{rel}"))
+            real = self._inside(rel, follow=True)
+            if real is None:
+                return None
+            # O_DIRECTORY: refused before anything that is not a directory is opened.
+            fd = os.open(real, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except (OSError, ValueError):
             return None
+        names: list[str] = []
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if len(names) >= MAX_DIR_ENTRIES:
+                        return None  # too many to be a real host's: unknown, not a partial answer
+                    names.append(entry.name)
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+        return sorted(names)
 
     def readlink(self, rel: str) -> str | None:
         """Target of a symlink as stored (relative in sysfs); ``None`` if not a link."""
         if self.trace is not None:
             self.trace.append(("readlink", rel))
+        path = self._inside(rel, follow=False) if self._prefix else f"/{rel}"
+        if path is None:
+            return None
         try:
-            return os.readlink(f"{self._prefix}/{rel}")
-        except OSError:
+            return os.readlink(path)
+        except (OSError, ValueError):
             return None
 
     def link_name(self, rel: str) -> str | None:
@@ -189,16 +249,80 @@ class Sysfs:
     def exists(self, rel: str) -> bool:
         if self.trace is not None:
             self.trace.append(("read", rel))
-        return os.path.lexists(f"{self._prefix}/{rel}")
+        path = self._inside(rel, follow=False) if self._prefix else f"/{rel}"
+        return path is not None and os.path.lexists(path)
 
     def walk_files(self, rel: str) -> Iterator[str]:
         """Root-relative paths of the regular files below ``rel`` (no symlinks followed)."""
         for entry in self.listdir(rel):
             child = f"{rel}/{entry}"
-            full = self.path(child)
-            if os.path.islink(full):
+            path = self._inside(child, follow=False) if self._prefix else f"/{child}"
+            try:
+                mode = os.lstat(path).st_mode if path is not None else 0
+            except (OSError, ValueError):
                 continue
-            if os.path.isdir(full):
+            if stat.S_ISDIR(mode):
                 yield from self.walk_files(child)
-            else:
+            elif stat.S_ISREG(mode):
                 yield child
+
+    # ------------------------------------------------------------ untrusted roots
+
+    def _inside(self, rel: str, *, follow: bool) -> str | None:
+        """Absolute path of ``rel`` with every symlink on the way followed inside the root
+        (the last one too when ``follow``); ``None`` when a part is missing or links loop."""
+        parts = [p for p in rel.split("/") if p and p != "."]
+        if follow or not parts or parts[-1] == "..":
+            real = self._real_path(parts)
+            return None if real is None else f"{self.root}/{real}" if real else self.root
+        head = self._real_path(parts[:-1])
+        if head is None:
+            return None
+        return f"{self.root}/{head}/{parts[-1]}" if head else f"{self.root}/{parts[-1]}"
+
+    def _real_path(self, parts: list[str]) -> str | None:
+        """Root-relative real path of ``parts``, as the kernel would resolve it were the root ``/``."""
+        key = "/".join(parts)
+        if key in self._real:
+            return self._real[key]
+        real: list[str] = []
+        pending = parts[::-1]
+        hops = 0
+        result: str | None = None
+        while True:
+            if not pending:
+                result = "/".join(real)
+                break
+            name = pending.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if real:  # `..` at the top stays at the top, as at `/`
+                    real.pop()
+                continue
+            here = f"{'/'.join(real)}/{name}" if real else name
+            if here in self._real:  # resolved before (a real directory, or a path asked for)
+                known = self._real[here]
+                if known is None:
+                    break
+                real = known.split("/") if known else []
+                continue
+            try:
+                mode = os.lstat(f"{self.root}/{here}").st_mode
+                if stat.S_ISLNK(mode):
+                    hops += 1
+                    if hops > MAX_LINK_HOPS:
+                        break  # a loop: reads as missing
+                    target = os.readlink(f"{self.root}/{here}")
+                    if target.startswith("/"):
+                        real = []  # absolute: from the root's top, never the machine's
+                    pending.extend(reversed(target.split("/")))
+                    continue
+            except (OSError, ValueError):
+                break  # missing or unreadable: so is everything below
+            if pending and not stat.S_ISDIR(mode):
+                break  # a file taken for a directory
+            real.append(name)
+            self._real[here] = here
+        self._real[key] = result
+        return result
