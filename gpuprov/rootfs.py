@@ -129,11 +129,7 @@ class _CheckedInfo(tarfile.TarInfo):
             raise _BadHeader("ends in the middle of a member header: it is truncated") from None
         except tarfile.HeaderError:
             raise _BadHeader("has a damaged member header: it is corrupt, or not a tar archive") from None
-        if info.size < 0 or info.size > MAX_FILE_BYTES:
-            raise CaptureRefused(
-                f"holds a member '{printable(info.name)}' of {info.size} bytes (the cap is {MAX_FILE_BYTES >> 20} MiB "
-                f"a file): {_RECAPTURE}"
-            )
+        _check_size(info)
         if info.type in _METADATA_TYPES and info.size > MAX_HEADER_BYTES:
             raise CaptureRefused(
                 f"holds an extended header of {info.size} bytes (the cap is {MAX_HEADER_BYTES >> 10} KiB): {_RECAPTURE}"
@@ -141,6 +137,15 @@ class _CheckedInfo(tarfile.TarInfo):
         if info.type == tarfile.GNUTYPE_SPARSE:  # before tarfile reads its sparse map
             raise _never("a sparse file", info.name)
         return info
+
+
+def _check_size(info: tarfile.TarInfo) -> None:
+    """Checked on the header, and again once a pax record may have changed the size."""
+    if info.size < 0 or info.size > MAX_FILE_BYTES:
+        raise CaptureRefused(
+            f"holds a member '{printable(info.name)}' of {info.size} bytes (the cap is {MAX_FILE_BYTES >> 20} MiB "
+            f"a file): {_RECAPTURE}"
+        )
 
 
 def _check_text(what: str, text: str, member: str) -> None:
@@ -322,6 +327,7 @@ def _member(
         raise _never(_REFUSED_TYPES[info.type], info.name)
     if info.sparse is not None or any(k.startswith("GNU.sparse") for k in info.pax_headers):
         raise _never("a sparse file", info.name)
+    _check_size(info)
     if not (info.isreg() or info.isdir() or info.issym()):
         kind = printable(info.type.decode("latin-1"))
         raise CaptureRefused(

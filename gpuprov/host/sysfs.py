@@ -16,6 +16,7 @@ kernel resolves its paths, and only the few files outside them are checked.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat
@@ -64,8 +65,10 @@ class Sysfs:
         self.trace: list[TraceEntry] | None = [] if trace else None
         # Path prefixes already resolved (sysfs does not change during one read).
         self._resolved: dict[str, str] = {}
-        # Untrusted roots: root-relative path -> its real path inside the root (None: missing or looping).
-        self._real: dict[str, str | None] = {}
+        # Untrusted roots: root-relative path -> its real path inside the root.
+        self._real: dict[str, str] = {}
+        # Untrusted roots: a listed directory's absolute path -> its entries (their types, from d_type).
+        self._listed: dict[str, dict[str, os.DirEntry[str]]] = {}
 
     @property
     def live(self) -> bool:
@@ -91,12 +94,12 @@ class Sysfs:
             if not self._prefix:
                 fd = self._open_live(rel)
             else:
-                real = self._inside(rel, follow=True)
-                # lstat before open: opening a device node can act (a watchdog, a tape).
-                if real is None or not stat.S_ISREG(os.lstat(real).st_mode):
+                # The type before the open: opening a device node can act (a watchdog, a tape).
+                found = self._follow_inside(rel)
+                if found is None or not stat.S_ISREG(found[1]):
                     return None
-                fd = os.open(real, _OPEN_CONFINED)
-                if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the lstat
+                fd = os.open(found[0], _OPEN_CONFINED)
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since it was checked
                     os.close(fd)
                     return None
         except (OSError, ValueError):  # ValueError: a NUL in a path built from read data
@@ -150,31 +153,30 @@ class Sysfs:
         try:
             if not self._prefix:
                 return sorted(os.listdir(f"/{rel}"))
-            real = self._inside(rel, follow=True)
-            if real is None:
+            found = self._follow_inside(rel)
+            if found is None or not stat.S_ISDIR(found[1]):
                 return None
-            # O_DIRECTORY: refused before anything that is not a directory is opened.
-            fd = os.open(real, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY | os.O_NOFOLLOW)
+            # O_DIRECTORY|O_NOFOLLOW: refused before anything that is not a directory is opened.
+            fd = os.open(found[0], os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY | os.O_NOFOLLOW)
         except (OSError, ValueError):
             return None
-        names: list[str] = []
         try:
             with os.scandir(fd) as entries:
-                for entry in entries:
-                    if len(names) >= MAX_DIR_ENTRIES:
-                        return None  # too many to be a real host's: unknown, not a partial answer
-                    names.append(entry.name)
-        except (OSError, ValueError):
+                kinds = {e.name: e for e in itertools.islice(entries, MAX_DIR_ENTRIES + 1)}
+        except OSError:
             return None
         finally:
             os.close(fd)
-        return sorted(names)
+        if len(kinds) > MAX_DIR_ENTRIES:
+            return None  # more than a real host has: unknown, not a partial answer
+        self._listed[found[0]] = kinds
+        return sorted(kinds)
 
     def readlink(self, rel: str) -> str | None:
         """Target of a symlink as stored (relative in sysfs); ``None`` if not a link."""
         if self.trace is not None:
             self.trace.append(("readlink", rel))
-        path = self._inside(rel, follow=False) if self._prefix else f"/{rel}"
+        path = self._unfollowed(rel) if self._prefix else f"/{rel}"
         if path is None:
             return None
         try:
@@ -249,50 +251,100 @@ class Sysfs:
     def exists(self, rel: str) -> bool:
         if self.trace is not None:
             self.trace.append(("read", rel))
-        path = self._inside(rel, follow=False) if self._prefix else f"/{rel}"
+        path = self._unfollowed(rel) if self._prefix else f"/{rel}"
         return path is not None and os.path.lexists(path)
 
     def walk_files(self, rel: str) -> Iterator[str]:
         """Root-relative paths of the regular files below ``rel`` (no symlinks followed)."""
         for entry in self.listdir(rel):
             child = f"{rel}/{entry}"
-            path = self._inside(child, follow=False) if self._prefix else f"/{child}"
-            try:
-                mode = os.lstat(path).st_mode if path is not None else 0
-            except (OSError, ValueError):
-                continue
+            if self._prefix:
+                path = self._unfollowed(child)
+                mode = self._type(path) if path is not None else 0
+            else:
+                try:
+                    mode = os.lstat(f"/{child}").st_mode
+                except (OSError, ValueError):
+                    continue
             if stat.S_ISDIR(mode):
                 yield from self.walk_files(child)
             elif stat.S_ISREG(mode):
                 yield child
 
     # ------------------------------------------------------------ untrusted roots
+    # Paths are resolved as the kernel would were the root `/` (openat2's RESOLVE_IN_ROOT,
+    # which Python does not offer): every link is read and followed here, with absolute
+    # targets and `..` kept inside. Each directory is resolved once (self._real), and a
+    # directory's listing gives its entries' types without an lstat each (self._listed).
 
-    def _inside(self, rel: str, *, follow: bool) -> str | None:
-        """Absolute path of ``rel`` with every symlink on the way followed inside the root
-        (the last one too when ``follow``); ``None`` when a part is missing or links loop."""
-        parts = [p for p in rel.split("/") if p and p != "."]
-        if follow or not parts or parts[-1] == "..":
-            real = self._real_path(parts)
+    def _unfollowed(self, rel: str) -> str | None:
+        """Absolute path of ``rel`` with its parent directory resolved inside the root and its
+        last component as is (not followed); ``None`` when the parent is missing or loops."""
+        head, _, name = rel.rpartition("/")
+        if name in ("", ".", ".."):
+            real = self._real_dir(rel)
             return None if real is None else f"{self.root}/{real}" if real else self.root
-        head = self._real_path(parts[:-1])
-        if head is None:
-            return None
-        return f"{self.root}/{head}/{parts[-1]}" if head else f"{self.root}/{parts[-1]}"
+        base = self._real.get(head) if head else ""
+        if base is None:
+            base = self._real_dir(head)
+            if base is None:
+                return None
+        return f"{self.root}/{base}/{name}" if base else f"{self.root}/{name}"
 
-    def _real_path(self, parts: list[str]) -> str | None:
-        """Root-relative real path of ``parts``, as the kernel would resolve it were the root ``/``."""
-        key = "/".join(parts)
-        if key in self._real:
-            return self._real[key]
-        real: list[str] = []
-        pending = parts[::-1]
+    def _type(self, path: str) -> int:
+        """``stat.S_IFMT`` of an absolute path below the root, not following it; 0 when missing."""
+        folder, _, name = path.rpartition("/")
+        listed = self._listed.get(folder)
+        entry = listed.get(name) if listed is not None else None
+        if entry is not None:
+            return _kind(entry)
+        try:
+            return stat.S_IFMT(os.lstat(path).st_mode)
+        except (OSError, ValueError):
+            return 0
+
+    def _follow_inside(self, rel: str) -> tuple[str, int] | None:
+        """(absolute path, file type) of ``rel`` with every link followed inside the root."""
+        path = self._unfollowed(rel)
+        if path is None:
+            return None
+        kind = self._type(path)
+        if kind == stat.S_IFLNK:
+            real = self._real_dir(rel)
+            if real is None:
+                return None
+            path = f"{self.root}/{real}" if real else self.root
+            kind = self._type(path)
+        return (path, kind) if kind else None
+
+    def _real_dir(self, rel: str) -> str | None:
+        """Root-relative real path of ``rel`` (every link followed inside the root); ``None``
+        when missing or looping. Found paths are cached, misses are not (they stay cheap)."""
+        known = self._real.get(rel)
+        if known is not None:
+            return known
+        head, _, name = rel.rpartition("/")
+        if head.count("/") > 64:  # not a path gpuprov builds: no deep recursion, walk it
+            result = self._walk([], rel.split("/"))
+        else:
+            base = self._real_dir(head) if head else ""
+            if base is None:
+                return None
+            here = f"{base}/{name}" if base else name
+            # The common case, a real directory: one type check, no walk.
+            if name not in ("", ".", "..") and self._type(f"{self.root}/{here}") == stat.S_IFDIR:
+                result = here
+            else:
+                result = self._walk(base.split("/") if base else [], [name])
+        if result is not None:
+            self._real[rel] = result
+        return result
+
+    def _walk(self, real: list[str], names: list[str]) -> str | None:
+        """Resolve ``names`` from the real directory ``real``, as the kernel would in a root."""
+        pending = names[::-1]
         hops = 0
-        result: str | None = None
-        while True:
-            if not pending:
-                result = "/".join(real)
-                break
+        while pending:
             name = pending.pop()
             if name in ("", "."):
                 continue
@@ -301,28 +353,35 @@ class Sysfs:
                     real.pop()
                 continue
             here = f"{'/'.join(real)}/{name}" if real else name
-            if here in self._real:  # resolved before (a real directory, or a path asked for)
-                known = self._real[here]
-                if known is None:
-                    break
+            known = self._real.get(here)
+            if known is not None:  # a real directory met before, or a path asked for
                 real = known.split("/") if known else []
                 continue
-            try:
-                mode = os.lstat(f"{self.root}/{here}").st_mode
-                if stat.S_ISLNK(mode):
-                    hops += 1
-                    if hops > MAX_LINK_HOPS:
-                        break  # a loop: reads as missing
+            kind = self._type(f"{self.root}/{here}")
+            if kind == stat.S_IFLNK:
+                hops += 1
+                if hops > MAX_LINK_HOPS:
+                    return None  # a loop: reads as missing
+                try:
                     target = os.readlink(f"{self.root}/{here}")
-                    if target.startswith("/"):
-                        real = []  # absolute: from the root's top, never the machine's
-                    pending.extend(reversed(target.split("/")))
-                    continue
-            except (OSError, ValueError):
-                break  # missing or unreadable: so is everything below
-            if pending and not stat.S_ISDIR(mode):
-                break  # a file taken for a directory
+                except (OSError, ValueError):
+                    return None
+                if target.startswith("/"):
+                    real = []  # absolute: from the root's top, never the machine's
+                pending.extend(reversed(target.split("/")))
+                continue
+            if not kind or (pending and kind != stat.S_IFDIR):
+                return None  # missing, or a file taken for a directory
             real.append(name)
-            self._real[here] = here
-        self._real[key] = result
-        return result
+            if kind == stat.S_IFDIR:
+                self._real[here] = here
+        return "/".join(real)
+
+
+def _kind(entry: os.DirEntry[str]) -> int:
+    """An entry's file type from its listing (d_type): no syscall on the filesystems that give it."""
+    if entry.is_file(follow_symlinks=False):
+        return stat.S_IFREG
+    if entry.is_dir(follow_symlinks=False):
+        return stat.S_IFDIR
+    return stat.S_IFLNK if entry.is_symlink() else stat.S_IFIFO  # FIFO stands for "anything else"
