@@ -113,7 +113,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from .capture import CaptureError, capture
 
     try:
-        count = capture(args.output, args.root, run_commands=not args.no_commands)
+        with host_root(args.root) as root:  # a capture of a capture: the same checks as inspect's
+            count = capture(args.output, root, run_commands=not args.no_commands)
     except CaptureError as exc:
         raise UsageError(str(exc)) from None
     size = os.path.getsize(args.output)
