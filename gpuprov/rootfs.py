@@ -293,13 +293,12 @@ def _unpack(tarball: str, dest: str) -> int:
     except _BadHeader as exc:
         where = f"after member '{printable(last)}'" if last else "at its start"
         raise CaptureRefused(f"{exc} ({where}): {_RECAPTURE}") from None
-    except (tarfile.TarError, EOFError, zlib.error, UnicodeError) as exc:  # gzip.BadGzipFile is an OSError
+    except (tarfile.TarError, EOFError, zlib.error, UnicodeError, gzip.BadGzipFile) as exc:
         raise _unreadable(exc, last) from None
-    except OSError as exc:
-        if isinstance(exc, gzip.BadGzipFile) or exc.filename is None:
-            raise _unreadable(exc, last) from None
+    except OSError as exc:  # reading the file or writing the temp dir (full, say): not the archive's fault
         raise CaptureRefused(
-            f"cannot be unpacked ({exc.strerror}, at member '{printable(last or '')}'): {_RECAPTURE}"
+            f"cannot be unpacked ({exc.strerror or exc}, after member '{printable(last or '')}'): check that "
+            f"it is readable and that the temp dir ({printable(os.path.dirname(dest) or dest)}, TMPDIR) has room"
         ) from None
     finally:
         stream.close()

@@ -9,6 +9,7 @@ file of the machine running gpuprov shown. docs/concepts/captures.md has the rul
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import io
@@ -462,3 +463,34 @@ def test_hostile_captures_under_debians_own_python(case, world, tmp_path) -> Non
         assert message in result.stderr
     assert SECRET not in result.stdout and world.digest() == before
     assert list(world.tmp.iterdir()) == []
+
+
+def test_a_full_temp_dir_is_named_not_blamed_on_the_archive(tmp_path, monkeypatch) -> None:
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with monkeypatch.context() as m, pytest.raises(rootfs.CaptureRefused) as refused:
+        m.setattr(rootfs.os, "write", full)
+        rootfs.unpack(str(BASE), str(dest))
+    assert "No space left on device" in str(refused.value) and "has room" in str(refused.value)
+
+
+def test_the_last_guard_keeps_an_unforeseen_error_to_one_line(monkeypatch, capsys) -> None:
+    """Defence in depth only: the causes found are fixed where they arise (the guard must never
+    fire in the tests above); GPUPROV_DEBUG=1 shows the traceback for a bug report."""
+    from gpuprov import cli
+
+    def boom(args):
+        raise RuntimeError("unforeseen")
+
+    monkeypatch.setattr(cli, "cmd_inspect", boom)
+    monkeypatch.delenv("GPUPROV_DEBUG", raising=False)
+    assert cli.main(["inspect", "--root", str(BASE)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unexpected RuntimeError in test_hostile_captures.py:boom" in err
+    assert "Traceback" not in err
+    monkeypatch.setenv("GPUPROV_DEBUG", "1")
+    assert cli.main(["inspect", "--root", str(BASE)]) == 2
+    assert "Traceback" in capsys.readouterr().err
