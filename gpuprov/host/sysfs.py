@@ -76,7 +76,8 @@ class Sysfs:
         return self.root == "/"
 
     def path(self, rel: str) -> str:
-        """Absolute path of ``rel`` below the root."""
+        """Absolute path of ``rel`` below the root, as written: its links are not resolved inside
+        the root, so read through the methods below, never by opening this path."""
         return f"{self._prefix}/{rel}"
 
     def read(self, rel: str) -> str | None:
