@@ -11,8 +11,7 @@ import importlib
 import json
 import os
 import sys
-import tarfile
-import tempfile
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,18 +27,30 @@ class UsageError(Exception):
 
 @contextmanager
 def host_root(root: str) -> Iterator[str]:
-    """A directory to read the host from: ``/``, a directory, or a capture tarball."""
-    if os.path.isfile(root) and root.endswith((".tar.gz", ".tgz", ".tar")):
-        with tempfile.TemporaryDirectory(prefix="gpuprov-root-") as tmp:
-            with tarfile.open(root) as tar:
-                tar.extractall(tmp, filter="tar")
-            yield tmp
+    """A directory to read the host from: ``/``, a directory, or a capture tarball.
+
+    A tarball is unpacked by :mod:`gpuprov.rootfs` (the one safe way into a capture) into a
+    temporary directory, removed afterwards whatever happens.
+    """
+    from . import rootfs
+
+    if rootfs.is_capture_file(root):
+        try:
+            with rootfs.unpacked(root) as tmp:
+                yield tmp
+        except rootfs.CaptureRefused as exc:
+            raise UsageError(str(exc)) from None
         return
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise UsageError(
+            f"--root '{rootfs.printable(root)}' is neither a directory nor a capture: give the .tar.gz, .tgz or .tar "
+            "that `gpuprov capture` wrote, or the folder it was unpacked into"
+        )
     if not os.path.isdir(root):
-        raise UsageError(f"--root '{root}' does not exist: give a directory or a capture .tar.gz")
+        raise UsageError(f"--root '{rootfs.printable(root)}' does not exist: give a directory or a capture .tar.gz")
     if not os.path.isdir(os.path.join(root, "sys")):
         raise UsageError(
-            f"--root '{root}' has no sys/ directory: point it at the top of an unpacked capture "
+            f"--root '{rootfs.printable(root)}' has no sys/ directory: point it at the top of an unpacked capture "
             "(the folder holding sys/ and proc/), or at the .tar.gz itself"
         )
     yield root
@@ -105,7 +116,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from .capture import CaptureError, capture
 
     try:
-        count = capture(args.output, args.root, run_commands=not args.no_commands)
+        with host_root(args.root) as root:  # a capture of a capture: the same checks as inspect's
+            count = capture(args.output, root, run_commands=not args.no_commands)
     except CaptureError as exc:
         raise UsageError(str(exc)) from None
     size = os.path.getsize(args.output)
@@ -192,4 +204,34 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except BrokenPipeError:
         return EXIT_OK
+    except KeyboardInterrupt:
+        print("gpuprov: interrupted", file=sys.stderr)
+        return 130  # the shell's code for Ctrl-C; temporary roots are already removed
+    except ModuleNotFoundError as exc:
+        print(
+            f"gpuprov: error: the Python module '{exc.name}' is missing: install gpuprov with its dependencies "
+            "(pip install gpuprov)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - the last guard: hostile input must not end in a traceback
+        # Causes found are fixed where they arise; this only keeps an unforeseen one to one line.
+        if os.environ.get("GPUPROV_DEBUG") == "1":
+            traceback.print_exc()
+        where = f"{type(exc).__name__} in {_where(exc)}"
+        print(
+            f"gpuprov: error: unexpected {where} while reading the input: check it (a capture: re-run "
+            "`gpuprov capture` on the host); GPUPROV_DEBUG=1 shows the traceback for a bug report",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     return int(result)
+
+
+def _where(exc: BaseException) -> str:
+    """``module:function`` where ``exc`` was raised, for the one-line report."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "gpuprov"
+    last = frames[-1]
+    return f"{os.path.basename(last.filename)}:{last.name}"

@@ -6,13 +6,13 @@ import functools
 import hashlib
 import importlib.util
 import os
-import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from gpuprov import rootfs
 from tests.fakehost import FakeHost
 
 # Property-based tests run on a fixed, reproducible budget: the same examples on every run
@@ -48,8 +48,7 @@ def host_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]
     def unpack(name: str) -> Path:
         if name not in cache:
             dest = tmp_path_factory.mktemp(name)
-            with tarfile.open(HOSTS / f"{name}.tar.gz") as tar:
-                tar.extractall(dest, filter="tar")
+            rootfs.unpack(str(HOSTS / f"{name}.tar.gz"), str(dest))  # the CLI's own safe reader
             cache[name] = dest
         return cache[name]
 

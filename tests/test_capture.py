@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov import rootfs
 from gpuprov.capture import capture
 from gpuprov.cli import main
 from tests.conftest import captured_hosts, tree_digest
@@ -30,8 +31,8 @@ def inspect(root: Path, capsys: pytest.CaptureFixture[str]) -> dict:
 
 
 def unpack(tarball: Path, dest: Path) -> Path:
-    with tarfile.open(tarball) as tar:
-        tar.extractall(dest, filter="tar")
+    dest.mkdir(parents=True, exist_ok=True)
+    rootfs.unpack(str(tarball), str(dest))
     return dest
 
 

@@ -184,13 +184,12 @@ def test_a_real_h100s_outputs_with_a_header_and_a_name_column() -> None:
 def test_the_molecule_tarball_is_the_synthetic_host(tmp_path) -> None:
     """molecule/vgpu_host lays out tests/fixtures/vgpu/nvidia-vgpu-host.tar.gz: it must not drift from the builder
     (rebuild with `python -m tests.vgpuhosts`)."""
-    import tarfile
-
+    from gpuprov.rootfs import unpack
     from tests.conftest import tree_digest
 
     unpacked = tmp_path / "unpacked"
-    with tarfile.open(vh.TARBALL) as tar:
-        tar.extractall(unpacked, filter="tar")
+    unpacked.mkdir()
+    unpack(str(vh.TARBALL), str(unpacked))
     built = tmp_path / "built"
     vh.build(built).finish()
     assert tree_digest(unpacked) == tree_digest(built)

@@ -6,12 +6,20 @@ machine (root ``/``) are read the same way. Paths are given relative to the
 root (``"sys/bus/pci/devices"``). A missing or unreadable file is ``None``,
 never an exception: hosts differ in kernel version, permissions and drivers,
 and a fact that cannot be read is reported as unknown by the caller.
+
+A root other than ``/`` is untrusted (a capture from anywhere, docs/concepts/captures.md):
+every path is resolved inside it, as if it were ``/`` (a link to ``/etc/passwd`` or
+``../../..`` stays in the root; a loop reads as missing), and only regular files are
+opened, never a FIFO or a device. The live root is the kernel's own sysfs and procfs: the
+kernel resolves its paths, and only the few files outside them are checked.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+import stat
 from collections.abc import Iterator
 
 _PCI_DIR = re.compile(r"^(pci)?[0-9a-f]{4,8}:[0-9a-f]{2}(:[0-1][0-9a-f]\.[0-7])?$")
@@ -23,7 +31,14 @@ TraceEntry = tuple[str, str]
 # procfs files can be long and come a page at a time, so those are read to EOF,
 # up to a cap that keeps a stray huge file from being slurped.
 _CHUNK = 1 << 16
-_MAX_READ = 1 << 24
+MAX_READ_BYTES = 1 << 24
+# Entries one listing of an untrusted root may hold (a real /proc or PCI bus has thousands).
+MAX_DIR_ENTRIES = 1 << 18
+# Symlinks followed in one path, as the kernel's MAXSYMLINKS.
+MAX_LINK_HOPS = 40
+# Regular files only, and opening never waits (a FIFO opens at once, then fstat refuses it).
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+_OPEN_CONFINED = _OPEN_FLAGS | os.O_NOFOLLOW
 
 
 def parse_int(text: str | None, base: int = 10) -> int | None:
@@ -50,6 +65,10 @@ class Sysfs:
         self.trace: list[TraceEntry] | None = [] if trace else None
         # Path prefixes already resolved (sysfs does not change during one read).
         self._resolved: dict[str, str] = {}
+        # Untrusted roots: root-relative path -> its real path inside the root.
+        self._real: dict[str, str] = {}
+        # Untrusted roots: a listed directory's absolute path -> its entries (their types, from d_type).
+        self._listed: dict[str, dict[str, os.DirEntry[str]]] = {}
 
     @property
     def live(self) -> bool:
@@ -57,7 +76,8 @@ class Sysfs:
         return self.root == "/"
 
     def path(self, rel: str) -> str:
-        """Absolute path of ``rel`` below the root."""
+        """Absolute path of ``rel`` below the root, as written: its links are not resolved inside
+        the root, so read through the methods below, never by opening this path."""
         return f"{self._prefix}/{rel}"
 
     def read(self, rel: str) -> str | None:
@@ -72,8 +92,18 @@ class Sysfs:
             self.trace.append(("read", rel))
         # os.open/os.read: a buffered file object costs more than the read itself.
         try:
-            fd = os.open(f"{self._prefix}/{rel}", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
+            if not self._prefix:
+                fd = self._open_live(rel)
+            else:
+                # The type before the open: opening a device node can act (a watchdog, a tape).
+                found = self._follow_inside(rel)
+                if found is None or not stat.S_ISREG(found[1]):
+                    return None
+                fd = os.open(found[0], _OPEN_CONFINED)
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since it was checked
+                    os.close(fd)
+                    return None
+        except (OSError, ValueError):  # ValueError: a NUL in a path built from read data
             return None
         try:
             data = os.read(fd, _CHUNK)
@@ -81,15 +111,28 @@ class Sysfs:
                 return data
             chunks = [data]
             total = len(data)
-            while data and total < _MAX_READ:
+            while data and total < MAX_READ_BYTES:
                 data = os.read(fd, _CHUNK)
                 chunks.append(data)
                 total += len(data)
             return b"".join(chunks)
-        except OSError:
+        except (OSError, ValueError):
             return None
         finally:
             os.close(fd)
+
+    def _open_live(self, rel: str) -> int:
+        """Open a file of the running machine. sysfs and procfs hold no FIFOs or devices, so
+        only the few files elsewhere (``etc/os-release``...) pay for a check."""
+        if rel.startswith(("sys/", "proc/")):
+            return os.open(f"/{rel}", _OPEN_FLAGS)
+        if not stat.S_ISREG(os.stat(f"/{rel}").st_mode):
+            raise OSError(f"/{rel} is not a regular file")
+        fd = os.open(f"/{rel}", _OPEN_FLAGS)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"/{rel} is not a regular file")
+        return fd
 
     def read_int(self, rel: str, base: int = 0) -> int | None:
         """An integer attribute (``0x10de``, ``16``, ``-1``); ``None`` if not one."""
@@ -109,17 +152,37 @@ class Sysfs:
         if self.trace is not None:
             self.trace.append(("listdir", rel))
         try:
-            return sorted(os.listdir(f"{self._prefix}/{rel}"))
+            if not self._prefix:
+                return sorted(os.listdir(f"/{rel}"))
+            found = self._follow_inside(rel)
+            if found is None or not stat.S_ISDIR(found[1]):
+                return None
+            # O_DIRECTORY|O_NOFOLLOW: refused before anything that is not a directory is opened.
+            fd = os.open(found[0], os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except (OSError, ValueError):
+            return None
+        try:
+            with os.scandir(fd) as entries:
+                kinds = {e.name: e for e in itertools.islice(entries, MAX_DIR_ENTRIES + 1)}
         except OSError:
             return None
+        finally:
+            os.close(fd)
+        if len(kinds) > MAX_DIR_ENTRIES:
+            return None  # more than a real host has: unknown, not a partial answer
+        self._listed[found[0]] = kinds
+        return sorted(kinds)
 
     def readlink(self, rel: str) -> str | None:
         """Target of a symlink as stored (relative in sysfs); ``None`` if not a link."""
         if self.trace is not None:
             self.trace.append(("readlink", rel))
+        path = self._unfollowed(rel) if self._prefix else f"/{rel}"
+        if path is None:
+            return None
         try:
-            return os.readlink(f"{self._prefix}/{rel}")
-        except OSError:
+            return os.readlink(path)
+        except (OSError, ValueError):
             return None
 
     def link_name(self, rel: str) -> str | None:
@@ -189,16 +252,137 @@ class Sysfs:
     def exists(self, rel: str) -> bool:
         if self.trace is not None:
             self.trace.append(("read", rel))
-        return os.path.lexists(f"{self._prefix}/{rel}")
+        path = self._unfollowed(rel) if self._prefix else f"/{rel}"
+        return path is not None and os.path.lexists(path)
 
     def walk_files(self, rel: str) -> Iterator[str]:
         """Root-relative paths of the regular files below ``rel`` (no symlinks followed)."""
         for entry in self.listdir(rel):
             child = f"{rel}/{entry}"
-            full = self.path(child)
-            if os.path.islink(full):
-                continue
-            if os.path.isdir(full):
-                yield from self.walk_files(child)
+            if self._prefix:
+                path = self._unfollowed(child)
+                mode = self._type(path) if path is not None else 0
             else:
+                try:
+                    mode = os.lstat(f"/{child}").st_mode
+                except (OSError, ValueError):
+                    continue
+            if stat.S_ISDIR(mode):
+                yield from self.walk_files(child)
+            elif stat.S_ISREG(mode):
                 yield child
+
+    # ------------------------------------------------------------ untrusted roots
+    # Paths are resolved as the kernel would were the root `/` (openat2's RESOLVE_IN_ROOT,
+    # which Python does not offer): every link is read and followed here, with absolute
+    # targets and `..` kept inside. Each directory is resolved once (self._real), and a
+    # directory's listing gives its entries' types without an lstat each (self._listed).
+
+    def _unfollowed(self, rel: str) -> str | None:
+        """Absolute path of ``rel`` with its parent directory resolved inside the root and its
+        last component as is (not followed); ``None`` when the parent is missing or loops."""
+        head, _, name = rel.rpartition("/")
+        if name in ("", ".", ".."):
+            real = self._real_dir(rel)
+            return None if real is None else f"{self.root}/{real}" if real else self.root
+        base = self._real.get(head) if head else ""
+        if base is None:
+            base = self._real_dir(head)
+            if base is None:
+                return None
+        return f"{self.root}/{base}/{name}" if base else f"{self.root}/{name}"
+
+    def _type(self, path: str) -> int:
+        """``stat.S_IFMT`` of an absolute path below the root, not following it; 0 when missing."""
+        folder, _, name = path.rpartition("/")
+        listed = self._listed.get(folder)
+        entry = listed.get(name) if listed is not None else None
+        if entry is not None:
+            return _kind(entry)
+        try:
+            return stat.S_IFMT(os.lstat(path).st_mode)
+        except (OSError, ValueError):
+            return 0
+
+    def _follow_inside(self, rel: str) -> tuple[str, int] | None:
+        """(absolute path, file type) of ``rel`` with every link followed inside the root."""
+        path = self._unfollowed(rel)
+        if path is None:
+            return None
+        kind = self._type(path)
+        if kind == stat.S_IFLNK:
+            real = self._real_dir(rel)
+            if real is None:
+                return None
+            path = f"{self.root}/{real}" if real else self.root
+            kind = self._type(path)
+        return (path, kind) if kind else None
+
+    def _real_dir(self, rel: str) -> str | None:
+        """Root-relative real path of ``rel`` (every link followed inside the root); ``None``
+        when missing or looping. Found paths are cached, misses are not (they stay cheap)."""
+        known = self._real.get(rel)
+        if known is not None:
+            return known
+        head, _, name = rel.rpartition("/")
+        if head.count("/") > 64:  # not a path gpuprov builds: no deep recursion, walk it
+            result = self._walk([], rel.split("/"))
+        else:
+            base = self._real_dir(head) if head else ""
+            if base is None:
+                return None
+            here = f"{base}/{name}" if base else name
+            # The common case, a real directory: one type check, no walk.
+            if name not in ("", ".", "..") and self._type(f"{self.root}/{here}") == stat.S_IFDIR:
+                result = here
+            else:
+                result = self._walk(base.split("/") if base else [], [name])
+        if result is not None:
+            self._real[rel] = result
+        return result
+
+    def _walk(self, real: list[str], names: list[str]) -> str | None:
+        """Resolve ``names`` from the real directory ``real``, as the kernel would in a root."""
+        pending = names[::-1]
+        hops = 0
+        while pending:
+            name = pending.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if real:  # `..` at the top stays at the top, as at `/`
+                    real.pop()
+                continue
+            here = f"{'/'.join(real)}/{name}" if real else name
+            known = self._real.get(here)
+            if known is not None:  # a real directory met before, or a path asked for
+                real = known.split("/") if known else []
+                continue
+            kind = self._type(f"{self.root}/{here}")
+            if kind == stat.S_IFLNK:
+                hops += 1
+                if hops > MAX_LINK_HOPS:
+                    return None  # a loop: reads as missing
+                try:
+                    target = os.readlink(f"{self.root}/{here}")
+                except (OSError, ValueError):
+                    return None
+                if target.startswith("/"):
+                    real = []  # absolute: from the root's top, never the machine's
+                pending.extend(reversed(target.split("/")))
+                continue
+            if not kind or (pending and kind != stat.S_IFDIR):
+                return None  # missing, or a file taken for a directory
+            real.append(name)
+            if kind == stat.S_IFDIR:
+                self._real[here] = here
+        return "/".join(real)
+
+
+def _kind(entry: os.DirEntry[str]) -> int:
+    """An entry's file type from its listing (d_type): no syscall on the filesystems that give it."""
+    if entry.is_file(follow_symlinks=False):
+        return stat.S_IFREG
+    if entry.is_dir(follow_symlinks=False):
+        return stat.S_IFDIR
+    return stat.S_IFLNK if entry.is_symlink() else stat.S_IFIFO  # FIFO stands for "anything else"

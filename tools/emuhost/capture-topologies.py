@@ -28,7 +28,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
-from gpuprov import debpkg  # noqa: E402  (the package-download/mtty helpers gpuprov lab uses too)
+from gpuprov import debpkg, rootfs  # noqa: E402  (the package-download/mtty helpers gpuprov lab uses too)
 
 FIXTURES = REPO / "tests" / "fixtures" / "hosts"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuprov" / "emuhost"
@@ -494,8 +493,7 @@ def summarize(tarball):
         return os.path.basename(os.readlink(p)) if p.is_symlink() else "-"
 
     with tempfile.TemporaryDirectory() as root:
-        with tarfile.open(tarball) as t:  # our own capture: its absolute fd links are data
-            t.extractall(root, **({"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}))
+        rootfs.unpack(str(tarball), root)  # the one safe reader gpuprov inspect --root uses
         for dev in sorted(Path(root, "sys/bus/pci/devices").iterdir()):
             vga = dev / "boot_vga"
             cls = re.search(r"^PCI_CLASS=(\w+)", read(dev / "uevent"), re.M)  # class file may be left out
