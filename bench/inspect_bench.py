@@ -116,8 +116,8 @@ def _time_once(cmd: list[str], env: dict[str, str]) -> float:
 
 def write_trace(root: Path, out: Path) -> dict[str, int]:
     """gpuprov's own list of accesses for ``root``, one ``op<TAB>relpath`` per line."""
-    from gpuprov.host.facts import gather
-    from gpuprov.host.sysfs import Sysfs
+    from gpuprov.facts.host import gather
+    from gpuprov.facts.sysfs import Sysfs
 
     try:
         sysfs = Sysfs(str(root), trace=True)
@@ -143,7 +143,7 @@ def write_trace(root: Path, out: Path) -> dict[str, int]:
 
 def _pci_ids_path() -> str | None:
     try:
-        from gpuprov.host.names import PCI_IDS_PATHS
+        from gpuprov.facts.names import PCI_IDS_PATHS
     except ImportError:
         return None
     return next((p for p in PCI_IDS_PATHS if os.path.isfile(p)), None)

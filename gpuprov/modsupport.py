@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .host.sysfs import Sysfs
-from .plan import ApplyError, Plan, apply
+from .facts.sysfs import Sysfs
+from .plan.base import ApplyError, Plan, apply
 
 
 def failed_result(result: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from gpuprov import rootfs
+from gpuprov.cli import rootfs
 from tests.fakehost import FakeHost
 
 # Property-based tests run on a fixed, reproducible budget: the same examples on every run

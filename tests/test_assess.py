@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuprov.assess import assess, assess_gpu
-from gpuprov.host.facts import gather
-from gpuprov.host.sysfs import Sysfs
+from gpuprov.facts.host import gather
+from gpuprov.facts.sysfs import Sysfs
+from gpuprov.rules.assess import assess, assess_gpu
 from tests.fakehost import FakeHost
 
 GPU = "0000:41:00.0"

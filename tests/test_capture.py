@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import rootfs
-from gpuprov.capture import capture
-from gpuprov.cli import main
+from gpuprov.cli import rootfs
+from gpuprov.cli.capture import capture
+from gpuprov.cli.main import main
 from tests.conftest import captured_hosts, tree_digest
 
 _ADDRESS = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b|\b[0-9a-f]{4}(?::[0-9a-f]{4}){7}\b")

@@ -27,7 +27,7 @@ import yaml
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from gpuprov.cli import main
+from gpuprov.cli.main import main
 from tests import captarball as ct
 from tests.conftest import HOSTS, tree_digest
 

@@ -24,13 +24,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuprov.capture import capture
-from gpuprov.cli import main
-from gpuprov.guest.gpus import parse_smi_xml
-from gpuprov.host.sysfs import Sysfs
-from gpuprov.host.usage import read_usage
-from gpuprov.privacy import kernel_cmdline, lspci_verbose, scrub_members, smi_xml, zero_ids
-from gpuprov.rootfs import unpack
+from gpuprov.cli.capture import capture
+from gpuprov.cli.main import main
+from gpuprov.cli.privacy import kernel_cmdline, lspci_verbose, scrub_members, smi_xml, zero_ids
+from gpuprov.cli.rootfs import unpack
+from gpuprov.facts.gpus import parse_smi_xml
+from gpuprov.facts.sysfs import Sysfs
+from gpuprov.facts.usage import read_usage
 from tests.fakehost import FakeHost
 from tests.test_verify_nvml import as_vgpu
 

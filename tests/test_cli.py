@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from gpuprov.cli import build_parser, main
+from gpuprov.cli.main import build_parser, main
 from tests.conftest import tree_digest
 
 

@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuprov.cmdline import (
+from gpuprov.facts.iommu import kernel_param, kernel_split, parse_cmdline
+from gpuprov.plan.base import apply
+from gpuprov.plan.cmdline import (
     MAX_LINE,
     CmdlinePlan,
     CmdlineRequest,
@@ -28,8 +30,6 @@ from gpuprov.cmdline import (
     read_grub_variable,
     reboot_owed,
 )
-from gpuprov.host.iommu import kernel_param, kernel_split, parse_cmdline
-from gpuprov.plan import apply
 from tests.conftest import tree_digest
 
 GRUB = """# If you change this file, run 'update-grub' afterwards.

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.domain import DomainConfig, PciPassthrough, build_domain, domain_xml
-from gpuprov.host.numa import parse_cpulist
-from gpuprov.validate import ROM_DIR
-from gpuprov.virt import domain_config, vm_paths
-from gpuprov.vms import HostSettings, plan_host
+from gpuprov.facts.numa import parse_cpulist
+from gpuprov.plan.domain import DomainConfig, PciPassthrough, build_domain, domain_xml
+from gpuprov.plan.vm import domain_config, vm_paths
+from gpuprov.plan.vms import HostSettings, plan_host
+from gpuprov.rules.validate import ROM_DIR
 from tests.vmhosts import GIB_KIB, nvidia_vgpu_host, sriov_vgpu_host, two_node_host
 
 VALIDATE = shutil.which("virt-xml-validate")
@@ -227,8 +227,8 @@ def test_hugepages_back_memory_when_reserved_on_the_node(tmp_path) -> None:
 
 
 def test_companions_join_the_gpu_from_host_facts(host_root) -> None:
-    from gpuprov.host.facts import gather
-    from gpuprov.host.sysfs import Sysfs
+    from gpuprov.facts.host import gather
+    from gpuprov.facts.sysfs import Sysfs
 
     facts = gather(Sysfs(str(host_root("gpu-audio"))))
     vm = {"name": "a", "memory_mib": 256, "gpus": ["0000:01:00.0"]}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov.assess import GpuAssessment, assess
-from gpuprov.host.facts import HostFacts, gather
-from gpuprov.host.sysfs import Sysfs
+from gpuprov.facts.host import HostFacts, gather
+from gpuprov.facts.sysfs import Sysfs
+from gpuprov.rules.assess import GpuAssessment, assess
 
 EDU = "1234:11e8"
 

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuprov.assess import assess_gpu
-from gpuprov.cli import main
-from gpuprov.host.facts import HostFacts, gather
-from gpuprov.host.sysfs import Sysfs
-from gpuprov.plan import ApplyError, apply, read_text
-from gpuprov.report import build_report
-from gpuprov.vfio import MANAGED_FILES, UDEV_RULES, VfioRequest, plan_vfio, udev_rules
-from gpuprov.virt import LiveDomain, StorageState, VmOptions, plan_vm
-from gpuprov.vms import HostSettings, plan_host
+from gpuprov.cli.main import main
+from gpuprov.facts.host import HostFacts, gather
+from gpuprov.facts.sysfs import Sysfs
+from gpuprov.plan.base import ApplyError, apply, read_text
+from gpuprov.plan.vfio import MANAGED_FILES, UDEV_RULES, VfioRequest, plan_vfio, udev_rules
+from gpuprov.plan.vm import LiveDomain, StorageState, VmOptions, plan_vm
+from gpuprov.plan.vms import HostSettings, plan_host
+from gpuprov.report.inspect import build_report
+from gpuprov.rules.assess import assess_gpu
 from tests.conftest import captured_hosts, tree_digest
 from tests.fakehost import FakeHost
 

@@ -415,11 +415,11 @@ def test_gpu_domains_are_idempotent_against_libvirt(libvirt_host, host_root, tim
     pinning and UEFI must compare equal to what the builder makes, so a second run changes nothing.
     gpu_vm with a captured root never touches this machine's libvirt (issue 11), so the domain the
     module would define is built from the same planner and defined here with virsh."""
-    from gpuprov.domain import build_domain, to_xml
-    from gpuprov.host.facts import gather
-    from gpuprov.host.sysfs import Sysfs
-    from gpuprov.virt import compare_domain_xml, diff_text, domain_config, vm_paths
-    from gpuprov.vms import HostSettings, plan_host
+    from gpuprov.facts.host import gather
+    from gpuprov.facts.sysfs import Sysfs
+    from gpuprov.plan.domain import build_domain, to_xml
+    from gpuprov.plan.vm import compare_domain_xml, diff_text, domain_config, vm_paths
+    from gpuprov.plan.vms import HostSettings, plan_host
 
     name = f"gpuprov-test-{capture}"
     _cleanup_domain(name)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import rootfs
+from gpuprov.cli import rootfs
 from tests import captarball as ct
 from tests.conftest import HOSTS, tree_digest
 
@@ -480,7 +480,7 @@ def test_a_full_temp_dir_is_named_not_blamed_on_the_archive(tmp_path, monkeypatc
 def test_the_last_guard_keeps_an_unforeseen_error_to_one_line(monkeypatch, capsys) -> None:
     """Defence in depth only: the causes found are fixed where they arise (the guard must never
     fire in the tests above); GPUPROV_DEBUG=1 shows the traceback for a bug report."""
-    from gpuprov import cli
+    from gpuprov.cli import main as cli
 
     def boom(args):
         raise RuntimeError("unforeseen")

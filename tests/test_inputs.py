@@ -24,10 +24,15 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuprov.inputs import GPU_VMS_VARIABLES, validate_gpu_vgpu_options, validate_gpu_vm_options, validate_host_vars
-from gpuprov.validate import ROM_DIR, Problems, cpu_list, rom_file_problem, ssh_key
-from gpuprov.vms import HostSettings, plan_host
-from gpuprov.yamlread import MAX_BYTES
+from gpuprov.cli.yamlread import MAX_BYTES
+from gpuprov.plan.vms import HostSettings, plan_host
+from gpuprov.rules.inputs import (
+    GPU_VMS_VARIABLES,
+    validate_gpu_vgpu_options,
+    validate_gpu_vm_options,
+    validate_host_vars,
+)
+from gpuprov.rules.validate import ROM_DIR, Problems, cpu_list, rom_file_problem, ssh_key
 from tests.conftest import tree_digest
 from tests.modrun import run_in_process
 from tests.vmhosts import nvidia_vgpu_host, ssh_public_key

@@ -25,10 +25,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuprov.cli import main
-from gpuprov.domain import build_domain, to_xml
-from gpuprov.inputs import validate_gpu_vgpu_options, validate_gpu_vm_options, validate_host_vars
-from gpuprov.validate import (
+from gpuprov.cli.main import main
+from gpuprov.plan.domain import build_domain, to_xml
+from gpuprov.plan.vm import domain_config, vm_paths
+from gpuprov.plan.vms import FIRMWARES, STATES, Placement, VmSpec, parse_vm
+from gpuprov.rules.inputs import validate_gpu_vgpu_options, validate_gpu_vm_options, validate_host_vars
+from gpuprov.rules.validate import (
     MAC_RE,
     MACHINE_RE,
     NETWORK_RE,
@@ -37,8 +39,6 @@ from gpuprov.validate import (
     VENDOR_ID_RE,
     VM_NAME_RE,
 )
-from gpuprov.virt import domain_config, vm_paths
-from gpuprov.vms import FIRMWARES, STATES, Placement, VmSpec, parse_vm
 from tests.conftest import tree_digest
 from tests.modrun import run_in_process
 from tests.test_inputs import BASE, REPO

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.cli import main
+from gpuprov.cli.main import main
 from tests.conftest import captured_hosts
 
 

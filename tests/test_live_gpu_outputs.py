@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from gpuprov.cli import main
+from gpuprov.cli.main import main
 from tests.test_schema import SCHEMA
 
 OUTPUTS = Path(__file__).parent / "fixtures" / "outputs"

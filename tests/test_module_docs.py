@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuprov.vms import VM_KEYS
+from gpuprov.plan.vms import VM_KEYS
 from tests.conftest import collections_path
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,10 +23,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from gpuprov.cli import main
-from gpuprov.host import names
-from gpuprov.table import ValueTable
-from gpuprov.textsafe import safe_data, safe_text
+from gpuprov.cli.main import main
+from gpuprov.cli.table import ValueTable
+from gpuprov.cli.textsafe import safe_data, safe_text
+from gpuprov.facts import names
 from tests.fakehost import FakeHost
 from tests.vmhosts import GIB_KIB, add_numa
 

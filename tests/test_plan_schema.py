@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import gpuprov
-from gpuprov.cli import main
+from gpuprov.cli.main import main
 
 SCHEMA = json.loads((Path(gpuprov.__file__).parent / "schemas" / "plan.v1.json").read_text())
 

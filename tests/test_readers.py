@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.host.iommu import parse_cmdline, read_iommu
-from gpuprov.host.mdev import parse_vgpu_types
-from gpuprov.host.names import PciIds
-from gpuprov.host.numa import parse_cpulist, read_numa
-from gpuprov.host.pci import PciAddressError, normalize_address, read_pci_devices
-from gpuprov.host.sysfs import Sysfs
+from gpuprov.facts.iommu import parse_cmdline, read_iommu
+from gpuprov.facts.mdev import parse_vgpu_types
+from gpuprov.facts.names import PciIds
+from gpuprov.facts.numa import parse_cpulist, read_numa
+from gpuprov.facts.pci import PciAddressError, normalize_address, read_pci_devices
+from gpuprov.facts.sysfs import Sysfs
 
 
 def test_resolve_follows_relative_and_absolute_links_inside_the_root(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.assess import assess
-from gpuprov.host.facts import gather
-from gpuprov.host.sysfs import Sysfs
-from gpuprov.report import build_report
+from gpuprov.facts.host import gather
+from gpuprov.facts.sysfs import Sysfs
+from gpuprov.report.inspect import build_report
+from gpuprov.rules.assess import assess
 
 GARBAGE = [b"", b"\n", b"\x00\xff\xfe", b"Unknown\n", b"-1\n", b"0xZZZZ\n", b"99999999999999999999\n", b"a:b:c\n"]
 

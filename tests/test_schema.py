@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 import gpuprov
-from gpuprov.cli import main
+from gpuprov.cli.main import main
 from tests.conftest import captured_hosts
 
 SCHEMA = json.loads((Path(gpuprov.__file__).parent / "schemas" / "inspect.v1.json").read_text())

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.host import sysfs as sysfs_mod
-from gpuprov.host.sysfs import Sysfs
+from gpuprov.facts import sysfs as sysfs_mod
+from gpuprov.facts.sysfs import Sysfs
 from tests.test_hostile_captures import SECRET, World, run
 
 OUTSIDE = "CANARY-CONTENT-a41c"

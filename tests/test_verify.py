@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 
 import gpuprov
-from gpuprov.cli import main
-from gpuprov.guest.bench import COPY_OK_FRACTION, MATMUL_OK_FRACTION
+from gpuprov.cli.main import main
+from gpuprov.verify.bench import COPY_OK_FRACTION, MATMUL_OK_FRACTION
 from tests.conftest import captured_hosts, tree_digest
 from tests.test_verify_nvml import as_vgpu
 

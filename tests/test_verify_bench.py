@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov.guest.bench import BenchResult, _match, gpu_peak, pcie_gen, pcie_peak_gbps
-from gpuprov.guest.gpus import GpuInfo
-from gpuprov.verify import bench_figures, evaluate
+from gpuprov.facts.gpus import GpuInfo
+from gpuprov.verify.bench import BenchResult, _match, gpu_peak, pcie_gen, pcie_peak_gbps
+from gpuprov.verify.checks import bench_figures, evaluate
 from tests.test_verify_nvml import FakeGpu, FakeNvml, guest, verify
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gpuprov.guest.containers import parse_cdi, pick_image, run_gpu_container
-from gpuprov.verify import Check
+from gpuprov.facts.containers import parse_cdi, pick_image, run_gpu_container
+from gpuprov.verify.checks import Check
 from tests.fakehost import FakeHost
 from tests.test_verify_nvml import ZERO_UUID, FakeGpu, FakeNvml, guest, verify
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from gpuprov.guest.bench import BenchResult
-from gpuprov.guest.gpus import GpuQueryError, from_nvml, normalize_bus_id, nvml_link_sampler, parse_smi_xml
-from gpuprov.guest.vgpu import parse_profile
-from gpuprov.host.sysfs import Sysfs
-from gpuprov.verify import Check, VerifyFacts, build_report, evaluate, gather
+from gpuprov.facts.gpus import GpuQueryError, from_nvml, normalize_bus_id, nvml_link_sampler, parse_smi_xml
+from gpuprov.facts.sysfs import Sysfs
+from gpuprov.facts.vgpu_profile import parse_profile
+from gpuprov.verify.bench import BenchResult
+from gpuprov.verify.checks import Check, VerifyFacts, build_report, evaluate, gather
 from tests.fakehost import FakeHost
 
 NVML_DEVICE_ARCH_AMPERE = 7

@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 
 import gpuprov
-from gpuprov.cli import main
+from gpuprov.cli.main import main
 from tests import vgpuhosts as vh
 
 SCHEMA = json.loads((Path(gpuprov.__file__).parent / "schemas" / "inspect.v1.json").read_text())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.host.mig import (
+from gpuprov.facts.mig import (
     COMMANDS,
     MigProfile,
     parse_compute_instances,
@@ -18,8 +18,8 @@ from gpuprov.host.mig import (
     read_mig,
     smi_address,
 )
-from gpuprov.host.sysfs import Sysfs
-from gpuprov.vgpu import fit
+from gpuprov.facts.sysfs import Sysfs
+from gpuprov.plan.vgpu import fit
 from tests import vgpuhosts as vh
 
 
@@ -184,7 +184,7 @@ def test_a_real_h100s_outputs_with_a_header_and_a_name_column() -> None:
 def test_the_molecule_tarball_is_the_synthetic_host(tmp_path) -> None:
     """molecule/vgpu_host lays out tests/fixtures/vgpu/nvidia-vgpu-host.tar.gz: it must not drift from the builder
     (rebuild with `python -m tests.vgpuhosts`)."""
-    from gpuprov.rootfs import unpack
+    from gpuprov.cli.rootfs import unpack
     from tests.conftest import tree_digest
 
     unpacked = tmp_path / "unpacked"

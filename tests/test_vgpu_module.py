@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.vgpu import BOOT_LIB, STATE_FILE, derived_uuid
+from gpuprov.plan.vgpu import BOOT_LIB, STATE_FILE, derived_uuid
 from tests import vgpuhosts as vh
 from tests.conftest import tree_digest
 from tests.test_modules import bare_python, run_module  # noqa: F401 - bare_python is a fixture
@@ -105,7 +105,7 @@ def test_boot_planner_copy_runs_on_a_bare_python(bare_python, nvidia) -> None:  
     gpus = {vh.SRIOV_PF: {"use": "sriov_vgpu", "vgpus": [{"type": "NVIDIA A100-4C"}, {"type": 557}]}}
     assert not run_module(bare_python, "gpu_vgpu", {"gpus": gpus, "root": str(nvidia)})["failed"]
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(nvidia / BOOT_LIB)}
-    argv = [bare_python, "-m", "gpuprov.vgpu", "--root", str(nvidia), "--state", str(nvidia / STATE_FILE)]
+    argv = [bare_python, "-m", "gpuprov.plan.vgpu", "--root", str(nvidia), "--state", str(nvidia / STATE_FILE)]
     check = subprocess.run([*argv, "--check"], env=env, capture_output=True, text=True, cwd="/", check=False)
     assert check.returncode == 0, check.stderr
     vf_types = [line for line in check.stdout.splitlines() if "current_vgpu_type" in line]

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpuprov.host.sysfs import Sysfs
-from gpuprov.plan import ApplyError, apply
-from gpuprov.vgpu import (
+from gpuprov.facts.sysfs import Sysfs
+from gpuprov.plan.base import ApplyError, apply
+from gpuprov.plan.vgpu import (
     BOOT_UNIT,
     MDEVCTL_RULE,
     SCHEDULER_CONF,
@@ -402,7 +402,7 @@ def test_vf_types_by_name_and_pinned_id(nvidia) -> None:
     assert saved["gpus"][A100]["vgpus"] == [{"type": 557, "vf": VF4}, {"type": 557, "vf": VF7}]
     assert saved["vgpu_type_names"] == {"557": "NVIDIA A100-4C"}
     unit = files(plan)[BOOT_UNIT] or ""
-    assert "ExecStart=/usr/bin/python3 -m gpuprov.vgpu --state /etc/gpuprov/vgpu.json" in unit
+    assert "ExecStart=/usr/bin/python3 -m gpuprov.plan.vgpu --state /etc/gpuprov/vgpu.json" in unit
     assert (
         "Environment=PYTHONPATH=/usr/lib/gpuprov PYTHONDONTWRITEBYTECODE=1" in unit
         and "After=" in unit
@@ -832,8 +832,8 @@ def test_the_real_h100_is_refused_until_mig_mode_is_on(h100) -> None:
 
 
 def test_declared_mdevs_are_what_the_role_creates(mtty) -> None:
-    from gpuprov.host.facts import gather
-    from gpuprov.vgpu import declared_mdevs
+    from gpuprov.facts.host import gather
+    from gpuprov.plan.vgpu import declared_mdevs
 
     gpus = {"mtty": {"use": "mdev", "mdevs": [{"type": "mtty-2", "uuid": LAB_UUID}, {"type": "Single port serial"}]}}
     declared, problems = declared_mdevs(gather(Sysfs(str(mtty))), gpus)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuprov.cli import main
-from gpuprov.host.facts import HostFacts, gather
-from gpuprov.host.sysfs import Sysfs
-from gpuprov.vms import HostSettings, default_mdev_uuid, plan_host
+from gpuprov.cli.main import main
+from gpuprov.facts.host import HostFacts, gather
+from gpuprov.facts.sysfs import Sysfs
+from gpuprov.plan.vms import HostSettings, default_mdev_uuid, plan_host
 from tests.conftest import tree_digest
 from tests.fakehost import FakeHost
 from tests.vmhosts import GIB_KIB, add_numa, nvidia_vgpu_host, sriov_vgpu_host, two_node_host

@@ -26,8 +26,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from gpuprov.host.facts import HostFacts, gather
-from gpuprov.host.sysfs import Sysfs
+from gpuprov.facts.host import HostFacts, gather
+from gpuprov.facts.sysfs import Sysfs
 from tests.fakehost import FakeHost
 
 MIG_OUTPUTS = Path(__file__).parent / "fixtures" / "vgpu" / "a100-80gb"

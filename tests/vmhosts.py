@@ -8,8 +8,8 @@ import base64
 import hashlib
 from pathlib import Path
 
-from gpuprov.host.facts import HostFacts, gather
-from gpuprov.host.sysfs import Sysfs
+from gpuprov.facts.host import HostFacts, gather
+from gpuprov.facts.sysfs import Sysfs
 from tests.fakehost import FakeHost
 
 GIB_KIB = 1048576

@@ -73,13 +73,13 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.guest.keyring import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import write_file_atomic
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.keyring import (
     KeyDataError,
     dearmor,
     fingerprints,
     normalize_fingerprint,
 )
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import write_file_atomic
 
 
 def main() -> None:

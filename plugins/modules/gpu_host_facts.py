@@ -95,11 +95,11 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.assess import assess
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.facts import gather
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.pci import PciAddressError, normalize_address
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.report import build_report
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.pci import PciAddressError, normalize_address
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.report.inspect import build_report
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.assess import assess
 
 
 def main() -> None:

@@ -192,11 +192,15 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.inputs import validate_gpu_vgpu_options
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, warn_or_refuse
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import ApplyError, Plan
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.vgpu import VgpuRequest, enable_then_replan, plan_host
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import ApplyError, Plan
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vgpu import (
+    VgpuRequest,
+    enable_then_replan,
+    plan_host,
+)
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.inputs import validate_gpu_vgpu_options
 
 
 def main() -> None:

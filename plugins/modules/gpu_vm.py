@@ -347,13 +347,12 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.facts import gather
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.inputs import validate_gpu_vm_options
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import warn_or_refuse
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import Plan
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.seed import ISO_TOOLS
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.virt import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import Plan
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.seed import ISO_TOOLS
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vm import (
     LibvirtMissing,
     LiveDomain,
     StorageState,
@@ -369,7 +368,8 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.virt import (
     read_storage,
     vm_paths,
 )
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.vms import cpu_count, plan_host
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vms import cpu_count, plan_host
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.inputs import validate_gpu_vm_options
 
 
 def main() -> None:

@@ -130,7 +130,10 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.cmdline import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import COMMAND, read_text
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.cmdline import (
     GRUB_DEFAULT,
     GRUB_DROPINS,
     CmdlinePlan,
@@ -139,9 +142,6 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.cmdline import
     plan_grub,
     plan_grubby,
 )
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import COMMAND, read_text
 
 
 def grub_update_argv(sysfs: Sysfs) -> list[str] | None:

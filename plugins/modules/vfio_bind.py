@@ -122,11 +122,11 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.facts import gather
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.host.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan import read_text
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.vfio import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import read_text
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vfio import (
     MANAGED_FILES,
     VfioRequest,
     initramfs_tools,

@@ -35,7 +35,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
-from gpuprov import debpkg, rootfs  # noqa: E402  (the package-download/mtty helpers gpuprov lab uses too)
+from gpuprov import debpkg  # noqa: E402  (the package-download/mtty helpers gpuprov lab uses too)
+from gpuprov.cli import rootfs  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "hosts"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuprov" / "emuhost"

@@ -19,7 +19,7 @@ import json
 import pytest
 from role_checks import RoleChecks
 
-from gpuprov.vgpu import derived_uuid
+from gpuprov.plan.vgpu import derived_uuid
 
 LAB_UUID = "5e2bb1d2-6a4b-4c4e-9b1a-0f0e2d1c0b01"
 MTTY_EXISTING = "83b8f4f2-509f-382f-3c1e-e6bfe0fa1001"
@@ -106,7 +106,7 @@ def test_boot_unit(host, root, kind):
     unit.optionxform = str  # systemd keys are case-sensitive
     unit.read_string(f.content_string)
     assert unit["Service"]["Type"] == "oneshot"
-    assert unit["Service"]["ExecStart"] == "/usr/bin/python3 -m gpuprov.vgpu --state /etc/gpuprov/vgpu.json"
+    assert unit["Service"]["ExecStart"] == "/usr/bin/python3 -m gpuprov.plan.vgpu --state /etc/gpuprov/vgpu.json"
     assert unit["Service"]["Environment"] == "PYTHONPATH=/usr/lib/gpuprov PYTHONDONTWRITEBYTECODE=1"
     assert "nvidia-vgpu-mgr.service" in unit["Unit"]["After"] and "libvirtd.service" in unit["Unit"]["Before"]
     assert unit["Install"]["WantedBy"] == "multi-user.target"
@@ -117,7 +117,7 @@ def test_boot_planner_copy_runs_on_the_instance_python(host, root, kind):
     if kind != "nvidia-vgpu-host":
         pytest.skip("the synthetic NVIDIA host")
     assert host.run("python3 -c 'import gpuprov'").rc != 0
-    cmd = f"cd / && PYTHONPATH={root}/usr/lib/gpuprov python3 -m gpuprov.vgpu --root {root} --state {root}/{STATE}"
+    cmd = f"cd / && PYTHONPATH={root}/usr/lib/gpuprov python3 -m gpuprov.plan.vgpu --root {root} --state {root}/{STATE}"
     check = host.run(cmd + " --check")
     assert check.rc == 0, check.stderr
     lines = check.stdout.splitlines()

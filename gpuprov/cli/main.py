@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import __version__
+from .. import __version__
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NOT_READY = 0, 2, 3
 
@@ -57,7 +57,7 @@ def host_root(root: str) -> Iterator[str]:
 
 
 def _addresses(values: list[str], option: str) -> list[str]:
-    from .host.pci import PciAddressError, normalize_address
+    from ..facts.pci import PciAddressError, normalize_address
 
     out = []
     for value in values:
@@ -72,10 +72,10 @@ def _addresses(values: list[str], option: str) -> list[str]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .assess import assess
-    from .host.facts import gather
-    from .host.sysfs import Sysfs
-    from .report import build_report
+    from ..facts.host import gather
+    from ..facts.sysfs import Sysfs
+    from ..report.inspect import build_report
+    from ..rules.assess import assess
 
     named = _addresses(args.device, "--device")
     require = [] if args.require_ready == ["all"] else _addresses(args.require_ready, "--require-ready")
@@ -182,7 +182,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-COMMAND_MODULES = {"verify": ".verify", "plan": ".plancmd", "lab": ".lab"}
+COMMAND_MODULES = {"verify": "..verify.checks", "plan": ".plan", "lab": "..lab"}
 
 
 def _command_of(argv: list[str]) -> str | None:

@@ -30,12 +30,11 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .assess import BLOCKER, VFIO_DRIVERS, assess_gpu, companions_of, held_open, unknown_finding
-from .host.evidence import RESOURCES, how_to_read
-from .host.facts import HostFacts
-from .host.numa import parse_cpulist
-from .plan import Refusal
-from .validate import (
+from ..facts.evidence import RESOURCES, how_to_read
+from ..facts.host import HostFacts
+from ..facts.numa import parse_cpulist
+from ..rules.assess import BLOCKER, VFIO_DRIVERS, assess_gpu, companions_of, held_open, unknown_finding
+from ..rules.validate import (
     HOSTNAME_RE,
     MAX_DEVICES,
     MAX_DISK_GIB,
@@ -70,6 +69,7 @@ from .validate import (
     uuid_text,
     vm_name,
 )
+from .base import Refusal
 from .vgpu import mixed_types_refusal
 
 STATES = ("running", "shutdown", "defined", "absent")

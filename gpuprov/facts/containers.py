@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..host.sysfs import Sysfs
+from .sysfs import Sysfs
 
 DAEMON_JSON = "etc/docker/daemon.json"
 CONTAINERD_CONFIG = "etc/containerd/config.toml"

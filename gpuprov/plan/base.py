@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from .host.sysfs import Sysfs
+from ..facts.sysfs import Sysfs
 
 WRITE_FILE, REMOVE_FILE, WRITE_SYSFS, COMMAND = "file", "remove", "sysfs", "command"
 

@@ -16,8 +16,8 @@ import struct
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Iterator
 
-from .guest.gpus import SMI_GPU_FIELDS, SMI_LOG_FIELDS
-from .host.iommu import IOMMU_ARGS
+from ..facts.gpus import SMI_GPU_FIELDS, SMI_LOG_FIELDS
+from ..facts.iommu import IOMMU_ARGS
 
 Member = tuple[str, "bytes | str | None"]  # (kind, payload): ("file", data), ("link", target), ("dir", None)
 

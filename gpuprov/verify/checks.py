@@ -25,17 +25,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import __version__
-from .guest.bench import (
-    COPY_OK_FRACTION,
-    MATMUL_OK_FRACTION,
-    PCIE_GTS,
-    BenchResult,
-    gpu_peak,
-    pcie_gen,
-    pcie_peak_gbps,
-)
-from .guest.containers import (
+from .. import __version__
+from ..facts.containers import (
     CONFIGURE_CONTAINERD,
     CONFIGURE_DOCKER,
     GENERATE_CDI,
@@ -49,8 +40,8 @@ from .guest.containers import (
     read_docker_config,
     read_toolkit,
 )
-from .guest.driver import DriverInfo, read_driver
-from .guest.gpus import (
+from ..facts.driver import DriverInfo, read_driver
+from ..facts.gpus import (
     SMI_CAPTURE,
     GpuInfo,
     GpuList,
@@ -60,9 +51,18 @@ from .guest.gpus import (
     parse_smi_xml,
     run_nvidia_smi,
 )
-from .guest.vgpu import parse_profile
-from .host.pci import PciDevice, PciLink, read_pci_device, read_pci_devices
-from .host.sysfs import Sysfs
+from ..facts.pci import PciDevice, PciLink, read_pci_device, read_pci_devices
+from ..facts.sysfs import Sysfs
+from ..facts.vgpu_profile import parse_profile
+from .bench import (
+    COPY_OK_FRACTION,
+    MATMUL_OK_FRACTION,
+    PCIE_GTS,
+    BenchResult,
+    gpu_peak,
+    pcie_gen,
+    pcie_peak_gbps,
+)
 
 SCHEMA = "gpuprov.verify/v1"
 SCHEMA_VERSION = 1
@@ -260,13 +260,13 @@ def gather(
             else:
                 facts.container_skip = "no container runtime: no Docker engine socket, no docker Python package"
         else:
-            from .guest.containers import run_gpu_container
+            from ..facts.containers import run_gpu_container
 
             facts.container = run_gpu_container(docker, image)
             facts.docker.engine_runtimes = facts.container.engine_runtimes
 
     if bench and facts.gpus:
-        from .guest.bench import load_backend, run_bench
+        from .bench import load_backend, run_bench
 
         backend = (load_backend() if live else None) if bench_backend == _AUTO else bench_backend
         if backend is not None:
@@ -911,8 +911,8 @@ _STYLE = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "bold
 def print_report(report: dict[str, Any], console: Any = None) -> None:
     from rich.text import Text
 
-    from .table import ValueTable, make_console
-    from .textsafe import safe_data
+    from ..cli.table import ValueTable, make_console
+    from ..cli.textsafe import safe_data
 
     report = safe_data(report)  # every value escaped before it is laid out (docs/output.md)
     console = console or make_console()
@@ -1010,7 +1010,7 @@ def option_error(live: bool, *, bench: bool, image: str | None, gpu_source: str)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .cli import UsageError, host_root
+    from ..cli.main import UsageError, host_root
 
     live = args.root == "/"
     error = option_error(live, bench=args.bench, image=args.image, gpu_source=args.gpu_source)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .gpus import GpuInfo
+from ..facts.gpus import GpuInfo
 
 PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 
@@ -179,7 +179,7 @@ def _device_ids(name: str, mod: Any, dev: int) -> tuple[str | None, str | None, 
     dev_name = raw.decode() if isinstance(raw, bytes) else str(raw)
     address = None
     try:
-        from .gpus import normalize_bus_id
+        from ..facts.gpus import normalize_bus_id
 
         address = normalize_bus_id(runtime.deviceGetPCIBusId(dev))
     except Exception:  # noqa: BLE001 - older cupy: no bus id, fall back to the order

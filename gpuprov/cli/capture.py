@@ -21,11 +21,11 @@ import tarfile
 import time
 from collections.abc import Callable
 
-from . import __version__
-from .host.facts import gather
-from .host.pci import PCI_ADDRESS_RE
-from .host.sysfs import Sysfs
-from .host.usage import _DEV_FILES
+from .. import __version__
+from ..facts.host import gather
+from ..facts.pci import PCI_ADDRESS_RE
+from ..facts.sysfs import Sysfs
+from ..facts.usage import _DEV_FILES
 from .privacy import PRIVATE_NAMES, lspci_verbose, scrub_members, smi_xml, zero_dsn, zero_ids
 
 # Extra per-device files so lspci -A linux-sysfs can read the capture too

@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .host.iommu import kernel_param, kernel_split, parse_cmdline
-from .plan import COMMAND, Action, Plan, Refusal, file_action
+from ..facts.iommu import kernel_param, kernel_split, parse_cmdline
+from .base import COMMAND, Action, Plan, Refusal, file_action
 
 GRUB_DEFAULT = "etc/default/grub"
 GRUB_DROPINS = "etc/default/grub.d"

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..host.sysfs import Sysfs
-from ..plan import Plan, Refusal, file_action, read_text
+from ..facts.sysfs import Sysfs
+from .base import Plan, Refusal, file_action, read_text
 
 SOURCES_LIST = "etc/apt/sources.list"
 SOURCES_DIR = "etc/apt/sources.list.d"

@@ -12,7 +12,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .assess import (
+from ..facts.evidence import IN_USE
+from ..facts.host import HostFacts
+from ..facts.pci import PciAddressError, normalize_address
+from ..facts.sysfs import Sysfs
+from ..rules.assess import (
     BLOCKER,
     NEVER_OVERRIDDEN,
     VFIO_DRIVERS,
@@ -22,11 +26,7 @@ from .assess import (
     held_open,
     unknown_findings,
 )
-from .host.evidence import IN_USE
-from .host.facts import HostFacts
-from .host.pci import PciAddressError, normalize_address
-from .host.sysfs import Sysfs
-from .plan import COMMAND, Action, Plan, Refusal, file_action, sysfs_write
+from .base import COMMAND, Action, Plan, Refusal, file_action, sysfs_write
 
 MODPROBE_CONF = "etc/modprobe.d/gpuprov-vfio.conf"
 UDEV_RULES = "etc/udev/rules.d/61-gpuprov-vfio.rules"

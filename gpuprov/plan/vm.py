@@ -29,14 +29,14 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..facts.domains import domain_devices
+from ..facts.host import HostFacts
+from ..facts.numa import parse_cpulist
+from ..facts.sysfs import Sysfs
+from ..rules.validate import ROM_DIR, rom_file_problem
+from .base import COMMAND, REMOVE_FILE, WRITE_SYSFS, Action, Plan, Refusal, file_action
 from .domain import DomainConfig, PciPassthrough, build_domain, to_xml
-from .host.domains import domain_devices
-from .host.facts import HostFacts
-from .host.numa import parse_cpulist
-from .host.sysfs import Sysfs
-from .plan import COMMAND, REMOVE_FILE, WRITE_SYSFS, Action, Plan, Refusal, file_action
 from .seed import ISO_TOOLS, iso_command, seed_files
-from .validate import ROM_DIR, rom_file_problem
 from .vms import HostPlan, Placement, VmSpec
 
 LIBVIRT_MISSING = (
@@ -766,8 +766,8 @@ def finish_vm(
     only with a connection (``conn`` None: not consulted, see :func:`consults_libvirt`);
     the rest is reported in ``not_run``. ``module`` is an ``AnsibleModule``.
     """
-    from .modsupport import failed_result, warn_or_refuse
-    from .plan import ApplyError, apply
+    from ..modsupport import failed_result, warn_or_refuse
+    from .base import ApplyError, apply
 
     result: dict[str, Any] = {
         "changed": False,

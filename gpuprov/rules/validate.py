@@ -27,9 +27,9 @@ import reprlib
 import stat
 from typing import Any
 
-from .host.numa import MAX_CPUS
-from .host.pci import PciAddressError, normalize_address
-from .plan import Refusal
+from ..facts.numa import MAX_CPUS
+from ..facts.pci import PciAddressError, normalize_address
+from ..plan.base import Refusal
 
 # Limits (docs/reference/inputs.md, "Limits"); MAX_CPUS bounds facts and inputs alike.
 MAX_VCPUS = 4096  # QEMU's q35 maximum

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from . import __version__
-from .assess import GpuAssessment
-from .host.facts import HostFacts
-from .host.pci import PciDevice
+from .. import __version__
+from ..facts.host import HostFacts
+from ..facts.pci import PciDevice
+from ..rules.assess import GpuAssessment
 
 SCHEMA = "gpuprov.inspect/v1"
 SCHEMA_VERSION = 1

@@ -28,7 +28,7 @@ skipped. Three mechanisms:
 
 VF types and MIG instances do not survive a reboot: the layout is saved in
 ``/etc/gpuprov/vgpu.json`` and the boot unit ``gpuprov-vgpu.service`` re-applies
-it with this same planner (``python3 -m gpuprov.vgpu``, from a copy of the
+it with this same planner (``python3 -m gpuprov.plan.vgpu``, from a copy of the
 package the module writes under ``/usr/lib/gpuprov``). The same file records
 what gpuprov made: an instance is removed only when gpuprov made it and the
 config no longer names it, or, with ``prune``, when it sits on a declared GPU
@@ -56,26 +56,14 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .assess import VFIO_DRIVERS, Finding, held_open, unknown_finding, unknown_findings
-from .host.domains import read_running
-from .host.evidence import IN_USE, MissingEvidence
-from .host.facts import HostFacts, gather
-from .host.mdev import MdevParent, MdevType
-from .host.mig import MigFacts, MigProfile, Runner, read_mig
-from .host.sysfs import Sysfs
-from .plan import (
-    COMMAND,
-    REMOVE_FILE,
-    Action,
-    Applied,
-    Plan,
-    Refusal,
-    apply,
-    file_action,
-    read_text,
-    sysfs_write,
-)
-from .validate import (
+from ..facts.domains import read_running
+from ..facts.evidence import IN_USE, MissingEvidence
+from ..facts.host import HostFacts, gather
+from ..facts.mdev import MdevParent, MdevType
+from ..facts.mig import MigFacts, MigProfile, Runner, read_mig
+from ..facts.sysfs import Sysfs
+from ..rules.assess import VFIO_DRIVERS, Finding, held_open, unknown_finding, unknown_findings
+from ..rules.validate import (
     MAX_GPUS,
     MAX_INSTANCES,
     MAX_MIG_INSTANCES,
@@ -90,7 +78,19 @@ from .validate import (
     shown,
     uuid_text,
 )
-from .validate import text as text_field
+from ..rules.validate import text as text_field
+from .base import (
+    COMMAND,
+    REMOVE_FILE,
+    Action,
+    Applied,
+    Plan,
+    Refusal,
+    apply,
+    file_action,
+    read_text,
+    sysfs_write,
+)
 
 USES = ("passthrough", "host", "mdev", "sriov_vgpu", "mig")
 MANAGED_USES = ("mdev", "sriov_vgpu", "mig")
@@ -414,14 +414,14 @@ def _import_closure(package: str, start: str) -> dict[str, str]:
 
 
 def boot_sources() -> dict[str, str]:
-    """Root-relative path -> text of the package files ``python3 -m gpuprov.vgpu`` needs.
+    """Root-relative path -> text of the package files ``python3 -m gpuprov.plan.vgpu`` needs.
 
     Read from the package this code was imported from (the checkout, or the
     module_utils an Ansible module shipped), so the boot copy is exactly the
     planner that ran."""
-    package = __name__.rsplit(".", 1)[0]
+    package = __name__.rsplit(".", 2)[0]  # gpuprov (this module is gpuprov.plan.vgpu)
     out = {}
-    for name, source in _import_closure(package, "vgpu").items():
+    for name, source in _import_closure(package, "plan.vgpu").items():
         module = importlib.import_module(f"{package}.{name}" if name else package)
         rel = name.replace(".", "/")
         rel = f"{rel}/__init__.py" if hasattr(module, "__path__") else f"{rel}.py"
@@ -1297,7 +1297,7 @@ ConditionPathExists=/{STATE_FILE}
 Type=oneshot
 RemainAfterExit=yes
 Environment=PYTHONPATH=/{BOOT_LIB} PYTHONDONTWRITEBYTECODE=1
-ExecStart=/usr/bin/python3 -m gpuprov.vgpu --state /{STATE_FILE}
+ExecStart=/usr/bin/python3 -m gpuprov.plan.vgpu --state /{STATE_FILE}
 
 [Install]
 WantedBy=multi-user.target
@@ -1492,9 +1492,9 @@ def _say(line: str, *, err: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -m gpuprov.vgpu``: what gpuprov-vgpu.service runs at boot."""
+    """``python3 -m gpuprov.plan.vgpu``: what gpuprov-vgpu.service runs at boot."""
     parser = argparse.ArgumentParser(
-        prog="python3 -m gpuprov.vgpu",
+        prog="python3 -m gpuprov.plan.vgpu",
         description="Re-apply the saved vGPU layout (SR-IOV VF types, MIG instances) to this host.",
     )
     parser.add_argument("--state", default="/" + STATE_FILE, help="the saved layout (default /%(default)s)")

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .host.evidence import RESOURCES, Missing
-from .host.facts import HostFacts
-from .host.iommu import IOMMU_GROUPS
-from .host.pci import PciDevice, group_link_evidence
+from ..facts.evidence import RESOURCES, Missing
+from ..facts.host import HostFacts
+from ..facts.iommu import IOMMU_GROUPS
+from ..facts.pci import PciDevice, group_link_evidence
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
 UNKNOWN = "unknown"  # evidence a rule needs could not be read
@@ -181,7 +181,7 @@ def _iommu_fix(facts: HostFacts) -> str:
 
 def held_open(facts: HostFacts) -> dict[str, list[str]]:
     """PCI address -> who holds it open (GPU, DRM or VFIO device files)."""
-    from .host.usage import devices_with_open_files
+    from ..facts.usage import devices_with_open_files
 
     # A /dev/vfio/N holder holds the group's endpoints; its bridges stay with the host.
     groups = {

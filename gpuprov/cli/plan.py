@@ -21,7 +21,7 @@ import json
 import sys
 from typing import Any
 
-from . import __version__
+from .. import __version__
 
 SCHEMA = "gpuprov.plan/v1"
 
@@ -125,15 +125,15 @@ def input_problems(source: str, problems: list[Any]) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .cli import EXIT_NOT_READY, EXIT_OK, UsageError, host_root
-    from .host.facts import gather
-    from .host.sysfs import Sysfs
-    from .inputs import HOST_VARS_SETTINGS, validate_host_vars
-    from .plan import Refusal
-    from .validate import ROM_DIR, Problems
-    from .vgpu import declared_mdevs
-    from .virt import rom_problems
-    from .vms import check_declared_mdevs, check_settings, cpu_count, plan_host
+    from ..facts.host import gather
+    from ..facts.sysfs import Sysfs
+    from ..plan.base import Refusal
+    from ..plan.vgpu import declared_mdevs
+    from ..plan.vm import rom_problems
+    from ..plan.vms import check_declared_mdevs, check_settings, cpu_count, plan_host
+    from ..rules.inputs import HOST_VARS_SETTINGS, validate_host_vars
+    from ..rules.validate import ROM_DIR, Problems
+    from .main import EXIT_NOT_READY, EXIT_OK, UsageError, host_root
     from .yamlread import YamlInputError, read_yaml
 
     try:

@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .plan import Plan, Refusal
+from ..plan.base import Plan, Refusal
+from ..plan.vgpu import SCHEDULERS, parse_gpus
+from ..plan.vms import STATES, VM_KEYS, HostSettings, check_settings, merge_defaults, parse_vm
 from .validate import (
     MAX_SECONDS,
     MAX_VMS,
@@ -36,8 +38,6 @@ from .validate import (
     sequence,
     text,
 )
-from .vgpu import SCHEDULERS, parse_gpus
-from .vms import STATES, VM_KEYS, HostSettings, check_settings, merge_defaults, parse_vm
 
 # Role gpu_vms' variables (roles/gpu_vms/defaults/main.yml; a test keeps the two in step):
 # another gpu_vms_* key in a host_vars file is a typo that would silently do nothing.

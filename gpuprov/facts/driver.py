@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..host.sysfs import Sysfs
+from .sysfs import Sysfs
 
 PROC_VERSION = "proc/driver/nvidia/version"
 MODULE_VERSION = "sys/module/nvidia/version"

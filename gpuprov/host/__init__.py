@@ -1,1 +1,0 @@
-"""Host facts: one model of a host, read through one root-relative reader."""
