@@ -255,7 +255,7 @@ def render_modules() -> str:
         lines += [ansible_markup(doc.get("short_description")) + f" (source: `{rel(path)}`)", ""]
         lines += paragraphs(doc.get("description"))
         if doc.get("requirements"):
-            lines += ["Requirements: " + "; ".join(ansible_markup(r) for r in doc["requirements"]), ""]
+            lines += ["Requirements:", "", *(f"- {ansible_markup(r)}" for r in doc["requirements"]), ""]
         lines += ["### Options", ""]
         if doc.get("options"):
             lines += table(["option", "type", "default", "choices", "description"], option_rows(doc["options"]))
