@@ -201,3 +201,24 @@ def test_inspect_of_a_hostile_directory_root(root, outside, tmp_path, host_root)
     out = result.stdout + result.stderr
     assert SECRET not in out and "root:x:0:0" not in out and "Traceback" not in out
     assert json.loads(result.stdout)["iommu"]["cmdline"] in ("", None)
+
+
+def test_a_plan_applied_on_a_staged_root_never_writes_through_its_links(tmp_path: Path) -> None:
+    """A staged root whose etc/ is a link to a directory outside (absolute or climbing with ..):
+    files the plan writes, replaces or removes land inside the root, never outside it."""
+    from gpuprov.plan.base import Plan, apply, file_action
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_text("keep")
+    for target in (str(outside), "../outside"):
+        root = tmp_path / f"root-{len(target)}"
+        root.mkdir()
+        (root / "etc").symlink_to(target)
+        plan = Plan()
+        plan.actions.append(file_action("etc/victim", "written", None, "test"))
+        plan.actions.append(file_action("etc/new/file", "written", None, "test"))
+        apply(plan, str(root))
+        assert (outside / "victim").read_text() == "keep" and sorted(p.name for p in outside.iterdir()) == ["victim"]
+        inside = root / str(target).lstrip("/").replace("../", "")
+        assert (inside / "victim").read_text() == "written" and (inside / "new/file").read_text() == "written"

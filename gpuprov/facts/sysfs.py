@@ -80,6 +80,15 @@ class Sysfs:
         the root, so read through the methods below, never by opening this path."""
         return f"{self._prefix}/{rel}"
 
+    def write_path(self, rel: str) -> str:
+        """Absolute path at which to write, replace or remove ``rel``: on a root other than ``/``
+        its directory is resolved inside the root (a link in a staged root cannot send a write
+        outside it), and its last component is taken as named (replaced or removed, never followed)."""
+        if not self._prefix:
+            return self.path(rel)
+        head, _sep, name = rel.strip("/").rpartition("/")
+        return self.path(f"{self.resolve(head)}/{name}".lstrip("/") if head else name)
+
     def read(self, rel: str) -> str | None:
         """Text of a file, stripped; ``None`` when absent or unreadable."""
         raw = self.read_bytes(rel)

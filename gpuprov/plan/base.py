@@ -172,11 +172,11 @@ def apply(plan: Plan, root: str = "/") -> Applied:
             continue
         try:
             if action.kind == WRITE_FILE:
-                write_file_atomic(sysfs.path(action.path or ""), action.content or "", action.mode)
+                write_file_atomic(sysfs.write_path(action.path or ""), action.content or "", action.mode)
             elif action.kind == REMOVE_FILE:
-                os.unlink(sysfs.path(action.path or ""))
+                os.unlink(sysfs.write_path(action.path or ""))
             elif action.kind == WRITE_SYSFS:
-                with open(sysfs.path(action.path or ""), "w", encoding="ascii") as f:
+                with open(sysfs.write_path(action.path or ""), "w", encoding="ascii") as f:
                     f.write(action.content or "")
             elif action.kind == COMMAND:
                 result = subprocess.run(action.argv or [], capture_output=True, text=True, check=False)

@@ -616,7 +616,7 @@ def read_storage(spec: VmSpec, paths: dict[str, str | None], storage_dir: str, r
     """What is on disk for the VM, read below ``root`` (a staged root holds the host's files)."""
 
     def below(path: str) -> str:
-        return Sysfs(root).path(path.lstrip("/"))
+        return Sysfs(root).write_path(path.lstrip("/"))
 
     def text(path: str) -> str | None:
         try:
