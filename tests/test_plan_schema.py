@@ -21,12 +21,11 @@ CASES = {
     "refused": (
         "gpu-audio",
         [
-            {"name": "a", "memory_mib": 100000000, "gpus": ["0000:99:00.0"]},
+            {"name": "a", "memory_mib": 8000000, "gpus": ["0000:99:00.0"]},
             {"name": "b", "vfs": [{"address": "0000:01:00.4", "vgpu_type": 557}]},
         ],
         3,
     ),
-    "unparsed": ("gpu-audio", [{"name": "bad name!", "memroy_mib": 1}], 3),
 }
 
 
@@ -49,3 +48,13 @@ def test_schema_rejects_a_plan_missing_a_key(host_root, tmp_path: Path, capsys) 
     del report["vms"][0]["placement"]["cpus"]
     with pytest.raises(jsonschema.ValidationError, match="'cpus' is a required property"):
         jsonschema.validate(report, SCHEMA)
+
+
+def test_a_file_that_fails_validation_is_exit_2_and_no_plan(host_root, tmp_path: Path, capsys) -> None:
+    """Input problems stop at the validation boundary (docs/reference/inputs.md): no plan
+    document, the field named on stderr."""
+    path = tmp_path / "vms.yml"
+    path.write_text(yaml.safe_dump([{"name": "bad name!", "memroy_mib": 1}]))
+    assert main(["plan", str(path), "--root", str(host_root("gpu-audio")), "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "gpu_vms_list[0]" in err

@@ -1,0 +1,1 @@
+"""Plans: pure functions from facts and a declaration to actions or refusals; no I/O."""

@@ -1,0 +1,1 @@
+"""Rules: the safety rules that judge facts, and the one boundary every input passes."""
