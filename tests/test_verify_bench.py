@@ -8,7 +8,8 @@ import pytest
 
 from gpuprov.facts.gpus import GpuInfo
 from gpuprov.verify.bench import BenchResult, _match, gpu_peak, pcie_gen, pcie_peak_gbps
-from gpuprov.verify.checks import bench_figures, evaluate
+from gpuprov.verify.checks import evaluate
+from gpuprov.verify.checks_bench import bench_figures
 from tests.test_verify_nvml import FakeGpu, FakeNvml, guest, verify
 
 

@@ -20,8 +20,10 @@ import pytest
 from gpuprov.facts.gpus import GpuQueryError, from_nvml, normalize_bus_id, nvml_link_sampler, parse_smi_xml
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.facts.vgpu_profile import parse_profile
+from gpuprov.report.verify import build_report
 from gpuprov.verify.bench import BenchResult
-from gpuprov.verify.checks import Check, VerifyFacts, build_report, evaluate, gather
+from gpuprov.verify.checks import Check, evaluate
+from gpuprov.verify.gather import VerifyFacts, gather
 from tests.fakehost import FakeHost
 
 NVML_DEVICE_ARCH_AMPERE = 7

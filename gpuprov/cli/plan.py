@@ -17,46 +17,8 @@ same ones.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
-
-from .. import __version__
-
-SCHEMA = "gpuprov.plan/v1"
-
-
-def plan_report(plan: Any, root: str) -> dict[str, Any]:
-    """The plan as plain data (``--json``)."""
-    vms = []
-    for vm in plan.vms:
-        placement = plan.placements.get(vm.name)
-        vms.append(
-            {
-                "name": vm.name,
-                "state": vm.state or "running",
-                "memory_mib": vm.memory_mib,
-                "vcpus": vm.vcpus,
-                "firmware": vm.firmware,
-                "accel": vm.accel,
-                "gpus": [g.address for g in vm.gpus],
-                "vfs": [{"address": v.address, "vgpu_type": v.vgpu_type} for v in vm.vfs],
-                "mdevs": [{"parent": m.parent, "type": m.type, "uuid": m.uuid} for m in vm.mdevs],
-                "network": vm.network,
-                "mac": vm.guest_mac if vm.network else None,
-                "placement": placement.as_dict() if placement else None,
-            }
-        )
-    return {
-        "schema": SCHEMA,
-        "gpuprov_version": __version__,
-        "root": root,
-        "ok": not plan.refused,
-        "vms": vms,
-        "refusals": [{"message": r.message, "fix": r.fix, "device": r.device} for r in plan.refusals],
-        "warnings": list(plan.warnings),
-        "resources": plan.resources,
-    }
 
 
 def print_plan(report: dict[str, Any]) -> None:
@@ -131,6 +93,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..plan.vgpu import declared_mdevs
     from ..plan.vm import rom_problems
     from ..plan.vms import check_declared_mdevs, check_settings, cpu_count, plan_host
+    from ..report import write_json
+    from ..report.plan import plan_report
     from ..rules.inputs import HOST_VARS_SETTINGS, validate_host_vars
     from ..rules.validate import ROM_DIR, Problems
     from .main import EXIT_NOT_READY, EXIT_OK, UsageError, host_root
@@ -169,7 +133,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_declared_mdevs(plan, declared)
     report = plan_report(plan, args.root)
     if args.json:
-        sys.stdout.write(json.dumps(report, indent=2 if sys.stdout.isatty() else None) + "\n")
+        write_json(report, sys.stdout)
     else:
         print_plan(report)
     return EXIT_NOT_READY if plan.refused else EXIT_OK

@@ -152,20 +152,15 @@ report:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.verify.checks import (
-    build_report,
-    evaluate,
-    gather,
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.report.verify import build_report, module_result
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.verify.checks import evaluate
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.verify.gather import gather
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.verify.options import (
+    module_words,
+    nvml_for,
     option_error,
+    root_error,
 )
-
-_AUTO = "auto"
-
-
-def _summary(check: dict) -> str:
-    where = "" if check["gpu"] is None else f" (GPU {check['gpu']})"
-    fix = f"; fix: {check['fix']}" if check["fix"] else ""
-    return f"{check['id']}{where} {check['status']}: {check['message']}{fix}"
 
 
 def main() -> None:
@@ -189,19 +184,13 @@ def main() -> None:
     sysfs = Sysfs(p["root"])
     error = option_error(sysfs.live, bench=p["bench"], image=p["image"], gpu_source=p["gpu_source"])
     if error:
-        # The CLI's words name its options; here they are the module's.
-        error = error.replace("--gpu-source", "gpu_source").replace("--root", "root").replace("--", "")
-        module.fail_json(msg=f"bad options, nothing was run: {error}")
-    if not sysfs.exists("sys") or not sysfs.exists("proc"):
-        module.fail_json(
-            msg=f"root {p['root']} has no sys/ and proc/: give the top of an unpacked capture or a staged root"
-        )
-    nvml = _AUTO
-    if p["gpu_source"] == "nvml":
-        try:
-            import pynvml  # noqa: F401 - only asks whether it imports
-        except ImportError:
-            module.fail_json(msg="gpu_source nvml: pynvml is not importable on the target; pip install nvidia-ml-py")
+        module.fail_json(msg=f"bad options, nothing was run: {module_words(error)}")
+    error = root_error(sysfs, p["root"])
+    if error:
+        module.fail_json(msg=error)
+    nvml = nvml_for(p["gpu_source"])
+    if nvml is None:
+        module.fail_json(msg="gpu_source nvml: pynvml is not importable on the target; pip install nvidia-ml-py")
     facts = gather(
         sysfs,
         nvml=nvml,
@@ -209,28 +198,13 @@ def main() -> None:
         run_container=p["container"] and not module.check_mode,
         image=p["image"],
         bench=p["bench"] and not module.check_mode,
+        no_container_reason="not asked to (container: false)"
+        if not p["container"]
+        else "check mode: no container is started",
     )
-    if facts.container is None and not p["container"]:
-        facts.container_skip = "not asked to (container: false)"
-    elif facts.container is None and module.check_mode:
-        facts.container_skip = "check mode: no container is started"
-    report = build_report(facts, evaluate(facts))
-    checks = report["checks"]
-    failed = [c for c in checks if c["status"] in p["fail_on"]]
-    result = {
-        "changed": False,
-        "checks": checks,
-        "failed_checks": failed,
-        "passed": report["summary"]["passed"],
-        "summary": report["summary"],
-        "report": report,
-    }
-    if failed:
-        statuses = "/".join(p["fail_on"])
-        module.fail_json(
-            msg=f"gpuprov verify: {len(failed)} check(s) {statuses}: " + " | ".join(_summary(c) for c in failed),
-            **result,
-        )
+    result, failure = module_result(build_report(facts, evaluate(facts)), p["fail_on"])
+    if failure:
+        module.fail_json(msg=failure, **result)
     module.exit_json(**result)
 
 
