@@ -182,7 +182,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-COMMAND_MODULES = {"verify": "..verify.checks", "plan": ".plan", "lab": "..lab"}
+COMMAND_MODULES = {"verify": "..verify.checks", "plan": ".plan"}
 
 
 def _command_of(argv: list[str]) -> str | None:
