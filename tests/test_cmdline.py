@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuprov.facts.boot import BootFacts, gather
 from gpuprov.facts.iommu import kernel_param, kernel_split, parse_cmdline
+from gpuprov.facts.sysfs import Sysfs
 from gpuprov.plan.base import apply
 from gpuprov.plan.cmdline import (
     MAX_LINE,
@@ -22,11 +24,13 @@ from gpuprov.plan.cmdline import (
     CmdlineRequest,
     argument_problem,
     build_request,
+    choose_bootloader,
     edit_args,
     grub_quote,
     grubby_default_args,
     plan_grub,
     plan_grubby,
+    plan_kernel_cmdline,
     read_grub_variable,
     reboot_owed,
 )
@@ -137,6 +141,41 @@ def test_grubby_info_args_lose_one_pair_of_quotes() -> None:
     )
     assert grubby_default_args('args="ro foo="a b""\n') == 'ro foo="a b"'
     assert grubby_default_args("kernel=x\n") is None
+
+
+def test_boot_facts_find_grubs_tools_under_the_root(tmp_path: Path) -> None:
+    for rel in ("usr/sbin/grub2-mkconfig", "usr/sbin/grubby", "etc/default/grub.d/x.cfg", "etc/default/grub.d/y"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("X=1\n")
+    (tmp_path / "boot/grub2").mkdir(parents=True)
+    (tmp_path / "etc/default/grub").write_text(GRUB)
+    facts = gather(Sysfs(str(tmp_path)))
+    assert facts.update_argv == ["grub2-mkconfig", "-o", "/boot/grub2/grub.cfg"]
+    assert facts.has_grubby and facts.grubby_info is None  # grubby is asked on the live root only
+    assert facts.dropins == {"x.cfg": "X=1\n"} and facts.grub_default == GRUB.encode()
+    assert choose_bootloader("auto", facts) == "grub"  # grubby only on the live root
+    (tmp_path / "usr/sbin/update-grub").write_text("")
+    assert gather(Sysfs(str(tmp_path))).update_argv == ["update-grub"]
+
+
+def test_kernel_cmdline_plan_picks_the_bootloader_and_refuses_what_it_cannot_do() -> None:
+    grubby = BootFacts(live=True, has_grubby=True, grubby_info=(0, 'args="ro quiet"\n', ""))
+    assert choose_bootloader("auto", grubby) == "grubby"
+    assert plan_kernel_cmdline(grubby, IOMMU, "grubby", True).actions[0].argv == [
+        "grubby",
+        "--update-kernel=ALL",
+        "--args=intel_iommu=on iommu=pt",
+    ]
+    failed = BootFacts(live=True, has_grubby=True, grubby_info=(1, "", "no default\n"))
+    assert "gave no args= line (rc 1): no default" in plan_kernel_cmdline(failed, IOMMU, "grubby", True).refusal_text()
+    assert "live root only" in plan_kernel_cmdline(BootFacts(live=False), IOMMU, "grubby", True).refusal_text()
+    no_tool = BootFacts(live=True, grub_default=GRUB.encode())
+    assert "no update-grub or grub2-mkconfig" in plan_kernel_cmdline(no_tool, IOMMU, "grub", True).refusal_text()
+    assert [a.kind for a in plan_kernel_cmdline(no_tool, IOMMU, "grub", False).actions] == ["file"]
+    staged = BootFacts(live=False, grub_default=GRUB.encode(), update_argv=["grub2-mkconfig", "-o", "/boot/g.cfg"])
+    assert plan_kernel_cmdline(staged, IOMMU, "grub", True).actions[1].argv == ["grub2-mkconfig", "-o", "/boot/g.cfg"]
+    unreadable = BootFacts(live=False, grub_default_unreadable=True)
+    assert "cannot be read" in plan_kernel_cmdline(unreadable, IOMMU, "grub", True).refusal_text()
 
 
 @pytest.mark.parametrize("bad", ["intel iommu", "=on", "a;b=1", "-s", ".x"])

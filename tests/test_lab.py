@@ -1,4 +1,4 @@
-"""gpuprov lab's pieces that need no emulator: the nested guest's initramfs and the
+"""The lab's (labhost/) pieces that need no emulator: the nested guest's initramfs and the
 output of its /init against the checks inventories/lab makes, the image's cache
 key, the package lists the lab image and role gpu_vms share, the -e overrides.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuprov import debpkg, lab
 from gpuprov.plan.vms import parse_vm
+from labhost import common, debpkg, image
 
 REPO = Path(__file__).resolve().parents[1]
 HOST_VARS = REPO / "inventories/lab/host_vars/lab-gpu-host.yml"
@@ -81,7 +81,7 @@ def test_cpio_is_what_the_kernel_and_cpio_read(tmp_path: Path) -> None:
 
 def test_nested_initramfs_holds_init_busybox_console_and_the_power_button_modules() -> None:
     modules = {"evdev.ko": b"EVDEV", "button.ko": b"BUTTON"}
-    entries = {e[0]: e for e in lab.nested_initramfs(b"BUSYBOX", modules)}
+    entries = {e[0]: e for e in image.nested_initramfs(b"BUSYBOX", modules)}
     names = list(entries)
     for name in names:  # parents before children: the kernel does not make directories
         parent = name.rpartition("/")[0]
@@ -90,7 +90,7 @@ def test_nested_initramfs_holds_init_busybox_console_and_the_power_button_module
     assert entries["bin/busybox"][1:3] == (stat.S_IFREG | 0o755, b"BUSYBOX")
     assert entries["dev/console"][1] == stat.S_IFCHR | 0o600 and entries["dev/console"][3] == (5, 1)
     assert entries["lib/modules/evdev.ko"][2] == b"EVDEV" and entries["lib/modules/button.ko"][2] == b"BUTTON"
-    assert sorted(Path(m).name for m in lab.NESTED_MODULES) == sorted(modules)
+    assert sorted(Path(m).name for m in image.NESTED_MODULES) == sorted(modules)
 
 
 def fake_pci(root: Path, devices: dict[str, tuple[str, str, str]]) -> Path:
@@ -106,9 +106,9 @@ def fake_pci(root: Path, devices: dict[str, tuple[str, str, str]]) -> Path:
 def init_listing(pci: Path) -> str:
     """The part of the nested /init that lists the PCI devices, run with this machine's sh
     against a fake sysfs, as the serial console shows it (CR LF line ends)."""
-    lines = lab.NESTED_INIT.splitlines()
-    begin = lines.index(f"echo {lab.NESTED_BEGIN}")
-    end = lines.index(f"echo {lab.NESTED_END}")
+    lines = image.NESTED_INIT.splitlines()
+    begin = lines.index(f"echo {image.NESTED_BEGIN}")
+    end = lines.index(f"echo {image.NESTED_END}")
     script = "\n".join(lines[begin : end + 1]).replace("/sys/bus/pci/devices", str(pci))
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
     return out.replace("\n", "\r\n")
@@ -161,7 +161,7 @@ def test_the_nested_guest_boots_what_the_image_carries() -> None:
     assert problems == [] and spec is not None
     assert spec.boot is not None
     assert spec.boot.kernel == "/vmlinuz"  # the lab's own kernel (linux-image's symlink)
-    assert spec.boot.initrd == "/" + lab.NESTED_INITRD
+    assert spec.boot.initrd == "/" + image.NESTED_INITRD
     assert "console=ttyS0" in (spec.boot.cmdline or "").split()
     assert spec.network is None and spec.disk is None and spec.cloud_init is None  # nothing to wait for
     gpus = host_vars()["gpuprov_gpus"]
@@ -175,13 +175,13 @@ def test_the_nested_guest_boots_what_the_image_carries() -> None:
 def test_the_image_has_every_package_role_gpu_vms_installs_on_debian() -> None:
     role_vars = yaml.safe_load((REPO / "roles/gpu_vms/vars/main.yml").read_text())
     wanted = role_vars["__gpu_vms_packages"]["Debian"] + role_vars["__gpu_vms_python_packages"]["Debian"]
-    assert set(wanted) <= set(lab.PACKAGES), set(wanted) - set(lab.PACKAGES)
-    assert "mdevctl" in lab.PACKAGES  # vgpu_host persists mdevs with it
-    assert "python3-apt" in lab.PACKAGES  # Ansible's apt module, offline
+    assert set(wanted) <= set(image.PACKAGES), set(wanted) - set(image.PACKAGES)
+    assert "mdevctl" in image.PACKAGES  # vgpu_host persists mdevs with it
+    assert "python3-apt" in image.PACKAGES  # Ansible's apt module, offline
 
 
 def test_the_cache_key_covers_the_nested_guest_and_the_packages(monkeypatch, tmp_path: Path) -> None:
-    recipe = lab.recipe_text()
+    recipe = image.recipe_text()
     for part in (
         "PACKAGES = [",
         "NESTED_PACKAGES",
@@ -190,14 +190,14 @@ def test_the_cache_key_covers_the_nested_guest_and_the_packages(monkeypatch, tmp
         "def build_nested_initrd",
     ):
         assert part in recipe, part
-    versions = {n: "1.0" for n in lab.PACKAGES + lab.NESTED_PACKAGES}
+    versions = {n: "1.0" for n in image.PACKAGES + image.NESTED_PACKAGES}
     versions["linux-image-6.1.0-99-amd64"] = versions.pop("linux-image-amd64")
-    monkeypatch.setattr(lab, "ensure_key", lambda _lab: _write_key(tmp_path))
+    monkeypatch.setattr(image, "ensure_key", lambda _lab: _write_key(tmp_path))
     monkeypatch.setattr(debpkg, "resolve", lambda names: dict(versions))
-    key, pkgs, kver, _pubkey = lab.image_key(tmp_path)
+    key, pkgs, kver, _pubkey = image.image_key(tmp_path)
     assert kver == "6.1.0-99-amd64" and "busybox-static" in pkgs
     versions["busybox-static"] = "1.1"
-    assert lab.image_key(tmp_path)[0] != key
+    assert image.image_key(tmp_path)[0] != key
 
 
 def _write_key(tmp: Path) -> Path:
@@ -209,9 +209,9 @@ def _write_key(tmp: Path) -> Path:
 def test_inventory_overrides_are_json_for_ansible_playbook(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     default = tmp_path / ".cache/gpuprov/lab"
-    assert lab.inventory_overrides(default, lab.DEFAULT_PORT) is None
-    extra = lab.inventory_overrides(tmp_path / "elsewhere", 2600)
+    assert common.inventory_overrides(default, common.DEFAULT_PORT) is None
+    extra = common.inventory_overrides(tmp_path / "elsewhere", 2600)
     assert extra is not None and extra["ansible_port"] == 2600
     assert extra["ansible_ssh_private_key_file"] == f"{tmp_path}/elsewhere/id_ed25519"
-    option = shlex.split(lab.overrides_option(extra))
+    option = shlex.split(common.overrides_option(extra))
     assert option[0] == "-e" and json.loads(option[1]) == extra

@@ -45,7 +45,7 @@ UTILS_PACKAGE = f"ansible_collections.{NAMESPACE}.{NAME}.plugins.module_utils.gp
 # stops at them. Module-side code may name them only inside a function that the
 # modules never call (verify.py's CLI entry imports .cli); at module level that is an
 # error, as is any import at module level outside the standard library and Ansible.
-CLI_ONLY = frozenset({"__main__", "cli", "debpkg", "lab"})
+CLI_ONLY = frozenset({"__main__", "cli"})
 
 # Copied whole, below the repo root -> below the collection root.
 TREES = {

@@ -28,12 +28,14 @@ class Action:
     kind: str  # file | remove | sysfs | command
     why: str
     path: str | None = None  # root-relative
-    content: str | None = None  # new file content, or the value written to sysfs
-    before: str | None = None  # current file content (None: absent), for --diff
+    content: str | bytes | None = None  # new file content (bytes: a binary file), or the value written to sysfs
+    before: str | bytes | None = None  # current file content (None: absent), for --diff
     mode: int = 0o644
     argv: list[str] | None = None
     # --diff shows one line for it, not its text (a copy of gpuprov's own source: thousands of lines).
     brief_diff: bool = False
+    # What --diff shows instead of the content, (before, after): for a binary file (a keyring).
+    shown: tuple[str, str] | None = None
 
     @property
     def live_only(self) -> bool:
@@ -81,7 +83,9 @@ class Plan:
         for a in self.actions:
             if a.kind in (WRITE_FILE, REMOVE_FILE):
                 before, after = a.before or "", (a.content or "") if a.kind == WRITE_FILE else ""
-                if a.brief_diff:
+                if a.shown is not None:
+                    before, after = a.shown
+                elif a.brief_diff:
                     before, after = (_brief(t) for t in (before, after))
                 out.append(
                     {

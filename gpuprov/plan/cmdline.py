@@ -21,11 +21,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..facts.boot import GRUB_DEFAULT, GRUB_DROPINS, BootFacts
 from ..facts.iommu import kernel_param, kernel_split, parse_cmdline
 from .base import COMMAND, Action, Plan, Refusal, file_action
 
-GRUB_DEFAULT = "etc/default/grub"
-GRUB_DROPINS = "etc/default/grub.d"
 DOC = "docs/reference/kernel-cmdline.md"
 # The only variables edited: GRUB's kernel command-line variables whose arguments /proc/cmdline
 # shows after a normal boot (RECOVERY and XEN ones never reach it, so no reboot verdict).
@@ -434,6 +433,46 @@ def plan_grubby(default_args: str, proc_cmdline: str, request: CmdlineRequest) -
         )
     plan.reboot_required = reboot_owed(proc_cmdline, request)
     return plan
+
+
+def choose_bootloader(option: str, facts: BootFacts) -> str:
+    """kernel_cmdline's ``bootloader``: auto takes grubby where it is installed on the live root."""
+    if option != "auto":
+        return option
+    return "grubby" if facts.has_grubby and facts.live else "grub"
+
+
+def plan_kernel_cmdline(facts: BootFacts, request: CmdlineRequest, bootloader: str, update: bool) -> CmdlinePlan:
+    """The whole of kernel_cmdline: ``bootloader`` as :func:`choose_bootloader` gives it; ``update``
+    False drops the command that regenerates the GRUB menu."""
+    if bootloader == "grubby":
+        if not facts.live:
+            return CmdlinePlan(refusals=[Refusal("bootloader grubby works on the live root only", _GRUBBY_FIX)])
+        rc, out, err = facts.grubby_info or (127, "", "grubby was not asked")
+        args = grubby_default_args(out) if rc == 0 else None
+        if args is None:
+            return CmdlinePlan(refusals=[Refusal(f"grubby --info=DEFAULT gave no args= line (rc {rc}): {err.strip()}")])
+        return plan_grubby(args, facts.proc_cmdline, request)
+    if facts.update_argv is None and facts.live and update:
+        return CmdlinePlan(
+            refusals=[
+                Refusal(
+                    "no update-grub or grub2-mkconfig on this host",
+                    "install GRUB's tools, or set update: false and regenerate the menu yourself",
+                )
+            ]
+        )
+    if facts.grub_default_unreadable:
+        return CmdlinePlan(refusals=[Refusal(f"/{GRUB_DEFAULT} exists but cannot be read", "run the module as root")])
+    plan = plan_grub(
+        facts.grub_default, facts.proc_cmdline, request, facts.update_argv or ["update-grub"], facts.dropins
+    )
+    if not update:
+        plan.actions = [a for a in plan.actions if a.kind != COMMAND]
+    return plan
+
+
+_GRUBBY_FIX = "set root to / or use bootloader grub"
 
 
 def _missing(present: dict[str, str | None], arg: str) -> bool:

@@ -14,6 +14,8 @@ import base64
 import binascii
 import hashlib
 
+from .base import WRITE_FILE, Action, Plan
+
 ARMOR_BEGIN = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
 ARMOR_END = "-----END PGP PUBLIC KEY BLOCK-----"
 TAG_PUBLIC_KEY = 6
@@ -129,3 +131,20 @@ def fingerprints(binary: bytes) -> list[str]:
 
 def normalize_fingerprint(text: str) -> str:
     return "".join(text.split()).upper().removeprefix("0X")
+
+
+def plan_keyring(
+    dest: str, binary: bytes, found: list[str], mode: int, current: bytes | None, current_mode: int | None
+) -> Plan:
+    """Write ``binary`` (fingerprints ``found``) to ``dest`` (root-relative) with ``mode``, unless
+    it holds exactly that already; --diff names the keyring and its fingerprints, not its bytes."""
+    plan = Plan()
+    if current == binary and current_mode == mode:
+        return plan
+    shown = (
+        f"/{dest}: {'absent' if current is None else 'other key data'}\n",
+        f"/{dest}: key {', '.join(found)}\n",
+    )
+    why = f"apt keyring, key {', '.join(found)}"
+    plan.actions.append(Action(WRITE_FILE, why, path=dest, content=binary, before=current, mode=mode, shown=shown))
+    return plan

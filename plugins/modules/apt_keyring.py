@@ -14,11 +14,12 @@ description:
     (as C(gpg --dearmor) does, without gpg on the target) and writes it to O(dest) when it differs.
   - With O(fingerprint), refuses a key whose primary key has another fingerprint, writing nothing.
   - Refuses data that is not an OpenPGP public key (an HTML error page, a truncated download), writing nothing.
+  - Writes through the plan like every gpuprov module (one file action; RV(plan) names it).
 version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
   dest:
-    description: The keyring file, e.g. C(/etc/apt/keyrings/nvidia-container-toolkit.gpg).
+    description: The keyring file on the host, e.g. C(/etc/apt/keyrings/nvidia-container-toolkit.gpg) (below O(root)).
     type: path
     required: true
   url:
@@ -37,6 +38,8 @@ options:
     default: "0644"
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - gpuprov.kvm.plan
+  - gpuprov.kvm.root
 attributes:
   check_mode:
     support: full
@@ -66,6 +69,34 @@ dest:
   description: The keyring written.
   returned: always
   type: str
+plan:
+  description: Every action, as text, in order (also in check mode).
+  returned: always
+  type: list
+  elements: str
+not_run:
+  description: Live actions (sysfs writes, commands) not run because O(root) is not C(/).
+  returned: always
+  type: list
+  elements: str
+refusals:
+  description: Why the module refused, one entry per problem; nothing was changed.
+  returned: failed
+  type: list
+  elements: dict
+  contains:
+    message:
+      description: The problem.
+      type: str
+      returned: always
+    fix:
+      description: How to fix it (null when the message says it).
+      type: str
+      returned: always
+    device:
+      description: The PCI address the problem concerns (null for none).
+      type: str
+      returned: always
 """
 
 import base64
@@ -73,12 +104,15 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import write_file_atomic
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.files import file_state
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.keyring import (
     KeyDataError,
     dearmor,
     fingerprints,
     normalize_fingerprint,
+    plan_keyring,
 )
 
 
@@ -90,6 +124,7 @@ def main() -> None:
             "data": {"type": "str", "no_log": False},
             "fingerprint": {"type": "str", "default": ""},
             "mode": {"type": "str", "default": "0644"},
+            "root": {"type": "path", "default": "/"},
         },
         required_one_of=[["url", "data"]],
         mutually_exclusive=[["url", "data"]],
@@ -131,20 +166,10 @@ def main() -> None:
             fingerprints=found,
             dest=p["dest"],
         )
-    try:
-        with open(p["dest"], "rb") as f:
-            current = f.read()
-        current_mode = os.stat(p["dest"]).st_mode & 0o7777
-    except OSError:
-        current, current_mode = None, None
-    changed = current != binary or current_mode != mode
-    if changed and not module.check_mode:
-        write_file_atomic(p["dest"], binary, mode)
-    diff = {
-        "before": f"{p['dest']}: {'absent' if current is None else 'other key data'}\n" if changed else "",
-        "after": f"{p['dest']}: key {', '.join(found)}\n" if changed else "",
-    }
-    module.exit_json(changed=changed, fingerprints=found, dest=p["dest"], diff=diff)
+    dest = os.path.abspath(p["dest"]).lstrip("/")
+    current, current_mode = file_state(Sysfs(p["root"]), dest)
+    plan = plan_keyring(dest, binary, found, mode, current, current_mode)
+    finish(module, plan, p["root"], fingerprints=found, dest=p["dest"])
 
 
 if __name__ == "__main__":

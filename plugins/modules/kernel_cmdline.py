@@ -130,28 +130,15 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.boot import gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import COMMAND, read_text
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.cmdline import (
-    GRUB_DEFAULT,
-    GRUB_DROPINS,
     CmdlinePlan,
     build_request,
-    grubby_default_args,
-    plan_grub,
-    plan_grubby,
+    choose_bootloader,
+    plan_kernel_cmdline,
 )
-
-
-def grub_update_argv(sysfs: Sysfs) -> list[str] | None:
-    if sysfs.exists("usr/sbin/update-grub"):
-        return ["update-grub"]
-    for tool in ("grub2-mkconfig", "grub-mkconfig"):
-        if sysfs.exists(f"usr/sbin/{tool}"):
-            cfg = "/boot/grub2/grub.cfg" if sysfs.exists("boot/grub2") else "/boot/grub/grub.cfg"
-            return [tool, "-o", cfg]
-    return None
 
 
 def main() -> None:
@@ -170,39 +157,9 @@ def main() -> None:
     request, refusals = build_request(p["arguments"], p["remove"], p["variable"])
     if refusals:
         finish(module, CmdlinePlan(refusals=refusals), p["root"])
-    sysfs = Sysfs(p["root"])
-    proc_cmdline = sysfs.read("proc/cmdline") or ""
-    bootloader = p["bootloader"]
-    if bootloader == "auto":
-        has_grubby = sysfs.exists("usr/sbin/grubby") or sysfs.exists("sbin/grubby")
-        bootloader = "grubby" if has_grubby and sysfs.live else "grub"
-
-    if bootloader == "grubby":
-        if not sysfs.live:
-            module.fail_json(msg="bootloader grubby works on the live root only: set root to / or use bootloader grub")
-        rc, out, err = module.run_command(["grubby", "--info=DEFAULT"])
-        args = grubby_default_args(out) if rc == 0 else None
-        if args is None:
-            module.fail_json(msg=f"grubby --info=DEFAULT gave no args= line (rc {rc}): {err.strip()}")
-        plan = plan_grubby(args, proc_cmdline, request)
-    else:
-        update = grub_update_argv(sysfs)
-        if update is None and sysfs.live and p["update"]:
-            module.fail_json(
-                msg="no update-grub or grub2-mkconfig on this host: install GRUB's tools, or set update: false "
-                "and regenerate the menu yourself"
-            )
-        dropins = {
-            name: read_text(sysfs, f"{GRUB_DROPINS}/{name}") or ""
-            for name in sysfs.listdir(GRUB_DROPINS)
-            if name.endswith(".cfg")
-        }
-        raw = sysfs.read_bytes(GRUB_DEFAULT)
-        if raw is None and sysfs.exists(GRUB_DEFAULT):
-            module.fail_json(msg=f"/{GRUB_DEFAULT} exists but cannot be read: run the module as root")
-        plan = plan_grub(raw, proc_cmdline, request, update or ["update-grub"], dropins)
-        if not p["update"]:
-            plan.actions = [a for a in plan.actions if a.kind != COMMAND]
+    facts = gather(Sysfs(p["root"]), p["bootloader"])
+    bootloader = choose_bootloader(p["bootloader"], facts)
+    plan = plan_kernel_cmdline(facts, request, bootloader, p["update"])
     finish(
         module,
         plan,

@@ -35,8 +35,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
-from gpuprov import debpkg  # noqa: E402  (the package-download/mtty helpers gpuprov lab uses too)
 from gpuprov.cli import rootfs  # noqa: E402
+from labhost import debpkg  # noqa: E402  (the package-download/mtty helpers the lab uses too)
 
 FIXTURES = REPO / "tests" / "fixtures" / "hosts"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuprov" / "emuhost"

@@ -1,7 +1,7 @@
 """Debian packages for the emulated hosts: versions, a download cache, mtty.
 
 Shared by ``tools/emuhost/capture-topologies.py`` (busybox + Python initramfs
-hosts) and ``gpuprov lab`` (a bootable disk image): both are made only of
+hosts) and ``labhost`` (a bootable disk image): both are made only of
 Debian packages, resolved with the build machine's own ``apt-cache`` (its
 sources and pinning) and fetched with ``apt-get download`` into a cache, so a
 second build downloads nothing. Never shipped to targets (uses subprocess).

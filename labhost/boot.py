@@ -1,0 +1,345 @@
+"""The running lab host: QEMU's command line, up (boot, wait for SSH), the boot watchdog, down."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import suppress
+from pathlib import Path
+
+from . import debpkg
+from .common import (
+    DEFAULT_PORT,
+    HOSTNAME,
+    OVMF_CODE,
+    OVMF_VARS,
+    PORT_ENV,
+    RUN_TOOLS,
+    LabError,
+    default_port,
+    ensure_tools,
+    inventory_overrides,
+    overrides_option,
+    say,
+)
+from .image import ensure_image
+
+# ---------------------------------------------------------------- the running lab host
+
+
+def run_dir(lab: Path) -> Path:
+    return lab / "run"
+
+
+def read_state(lab: Path) -> dict:
+    try:
+        return json.loads((run_dir(lab) / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def qemu_pid(lab: Path) -> int | None:
+    """The lab's QEMU process, if it runs."""
+    try:
+        pid = int((run_dir(lab) / "qemu.pid").read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"qemu-system" in cmdline and str(run_dir(lab)).encode() in cmdline else None
+
+
+def qemu_argv(lab: Path, image: Path, port: int) -> list[str]:
+    run = run_dir(lab)
+    return [
+        *debpkg.QEMU_HOST,
+        "-name",
+        HOSTNAME,
+        "-m",
+        "2048",
+        "-nodefaults",
+        "-display",
+        "none",
+        "-drive",
+        f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+        "-drive",
+        f"if=pflash,format=raw,unit=1,file={run / 'OVMF_VARS.fd'}",
+        # The root disk (/dev/vda, the overlay) and the ESP (read-only, the cached image).
+        "-drive",
+        f"if=none,id=root,format=qcow2,file={run / 'root.qcow2'}",
+        "-device",
+        "virtio-blk-pci,drive=root,bus=pcie.0,addr=0x4,bootindex=1",
+        "-drive",
+        f"if=none,id=esp,format=raw,readonly=on,file={image / 'esp.img'}",
+        "-device",
+        "virtio-blk-pci,drive=esp,bus=pcie.0,addr=0x5,bootindex=0",
+        # edu A: alone behind a root port.
+        "-device",
+        "pcie-root-port,id=rp1,bus=pcie.0,addr=0x1,chassis=1",
+        "-device",
+        "edu,bus=rp1",
+        # edu B (function 0) with an HD-audio companion (function 1) behind a root port.
+        "-device",
+        "pcie-root-port,id=rp2,bus=pcie.0,addr=0x2,chassis=2",
+        "-device",
+        "edu,bus=rp2,addr=0x0.0,multifunction=on",
+        "-device",
+        "ich9-intel-hda,id=hda,bus=rp2,addr=0x0.1",
+        "-audiodev",
+        "none,id=snd0",
+        "-device",
+        "hda-output,bus=hda.0,audiodev=snd0",
+        # edu C and the management NIC behind one PCIe-to-PCI bridge: one IOMMU group.
+        "-device",
+        "pcie-root-port,id=rp3,bus=pcie.0,addr=0x3,chassis=3",
+        "-device",
+        "pcie-pci-bridge,id=br1,bus=rp3",
+        "-device",
+        "edu,bus=br1,addr=0x1",
+        "-device",
+        "e1000,netdev=n0,mac=52:54:00:00:00:02,bus=br1,addr=0x2",
+        "-netdev",
+        f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
+        "-chardev",
+        f"file,id=ser0,path={run / 'console.log'}",
+        "-serial",
+        "chardev:ser0",
+        "-qmp",
+        f"unix:{run / 'qmp.sock'},server=on,wait=off",
+        "-pidfile",
+        str(run / "qemu.pid"),
+        "-daemonize",
+    ]
+
+
+def ssh_argv(lab: Path, port: int, tty: bool = False) -> list[str]:
+    return [
+        "ssh",
+        "-i",
+        str(lab / "id_ed25519"),
+        "-p",
+        str(port),
+        "-o",
+        f"UserKnownHostsFile={lab / 'known_hosts'}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        "ConnectTimeout=10",
+        *(["-t"] if tty else []),
+        "root@127.0.0.1",
+    ]
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        # As QEMU binds it: SO_REUSEADDR, so TIME_WAIT from earlier SSH sessions does not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_for_ssh(lab: Path, port: int, timeout: float) -> float:
+    """Seconds until SSH runs a command; LabError (with the console's tail) if it never does."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if qemu_pid(lab) is None:
+            raise LabError(f"QEMU exited while booting; console:\n{console_tail(lab)}")
+        with suppress(subprocess.TimeoutExpired):
+            r = subprocess.run([*ssh_argv(lab, port), "true"], capture_output=True, timeout=30, check=False)
+            if r.returncode == 0:
+                return time.monotonic() - t0
+        time.sleep(2)
+    raise LabError(f"no SSH on 127.0.0.1:{port} after {timeout:.0f} s; console:\n{console_tail(lab)}")
+
+
+def console_tail(lab: Path, chars: int = 3000) -> str:
+    try:
+        return (run_dir(lab) / "console.log").read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no console log)"
+
+
+def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float) -> int:
+    run = run_dir(lab)
+    state = read_state(lab)
+    pid = qemu_pid(lab)
+    if pid:
+        if fresh or rebuild:
+            raise LabError("the lab host is running: `python -m labhost down` first")
+        say(f"already running (pid {pid}), SSH on 127.0.0.1:{state.get('port')}")
+        return 0
+    ensure_tools(RUN_TOOLS)
+    t0 = time.monotonic()
+    image = ensure_image(lab, rebuild)
+    t_image = time.monotonic() - t0
+    if not port_free(port):
+        raise LabError(
+            f"127.0.0.1:{port} is in use: pick another port with --port or {PORT_ENV} "
+            "(and give ansible-playbook the -e options `python -m labhost status` prints)"
+        )
+    if state.get("key") not in (None, image.name) and not fresh:
+        say(f"the image changed ({state.get('key')} -> {image.name}): the lab host starts fresh")
+        fresh = True
+    if fresh or not (run / "root.qcow2").exists():
+        shutil.rmtree(run, ignore_errors=True)
+        run.mkdir(parents=True)
+        debpkg.sh(
+            [
+                "qemu-img",
+                "create",
+                "-q",
+                "-f",
+                "qcow2",
+                "-F",
+                "raw",
+                "-b",
+                str((image / "root.img").resolve()),
+                str(run / "root.qcow2"),
+            ]
+        )
+        shutil.copy(OVMF_VARS, run / "OVMF_VARS.fd")
+    info = json.loads((image / "info.json").read_text())
+    (lab / "known_hosts").write_text(f"[127.0.0.1]:{port} {info['host_key']}\n")
+    for stale in ("qemu.pid", "qmp.sock"):
+        with suppress(FileNotFoundError):
+            (run / stale).unlink()
+    argv = qemu_argv(lab, image, port)
+    (run / "qemu.argv").write_text(json.dumps(argv) + "\n")
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=run, check=False)
+    if r.returncode:
+        raise LabError(f"QEMU did not start: {r.stderr.strip()}")
+    state = {"key": image.name, "port": port, "started": time.time(), "image": str(image)}
+    (run / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    pid = qemu_pid(lab)
+    if pid:
+        start_watchdog(lab, pid)
+    say(f"booting (console: {run / 'console.log'})")
+    boot = wait_for_ssh(lab, port, timeout)
+    say(f"up: SSH on 127.0.0.1:{port} after {boot:.0f} s of boot (image step {t_image:.0f} s)")
+    extra = inventory_overrides(lab, port)
+    if extra:
+        say(f"inventories/lab assumes ~/.cache/gpuprov/lab and port {DEFAULT_PORT}: add {overrides_option(extra)}")
+    return 0
+
+
+def qmp(lab: Path, *commands: str) -> None:
+    """Send QMP commands (after the capabilities handshake); errors are ignored."""
+    with suppress(OSError, ValueError), socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(run_dir(lab) / "qmp.sock"))
+        f = s.makefile("rw")
+        f.readline()
+        for cmd in ("qmp_capabilities", *commands):
+            f.write(json.dumps({"execute": cmd}) + "\n")
+            f.flush()
+            while not {"return", "error"} & json.loads(f.readline() or "{}").keys():
+                pass  # an event (RESET, POWERDOWN...) came first
+
+
+# The console lines that start a boot (the firmware handing over to GRUB, or the
+# kernel restarting the machine) and the one that ends it (getty on ttyS0).
+BOOT_STARTS = ("BdsDxe: starting", "reboot: Restarting system")
+BOOT_DONE = f"{HOSTNAME} login:"
+WATCHDOG_LIMIT = 240  # seconds from a boot's start to its login prompt (about 30 s normally)
+WATCHDOG_TRIES = 3  # resets in a row without a finished boot before the watchdog gives up
+
+
+def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
+    """The lab's BMC: reset the machine when a boot does not reach its login prompt in time.
+
+    Debian's kernel under TCG now and then hangs early in boot (both vCPUs spinning
+    with interrupts off, around the switch to the TSC clocksource, about one boot in
+    thirty); a real host's BMC watchdog would reset it, and so does this. Each
+    reset is logged in run/watchdog.log (``python -m labhost status`` shows them). Runs
+    until QEMU exits."""
+    console, log = run_dir(lab) / "console.log", run_dir(lab) / "watchdog.log"
+    offset, started, tries = 0, time.monotonic(), 0
+    while not wait_gone(pid, 2):
+        try:
+            with open(console, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode("utf-8", "replace")
+                offset = f.tell()
+        except OSError:
+            text = ""
+        last_start = max(text.rfind(m) for m in BOOT_STARTS)
+        last_done = text.rfind(BOOT_DONE)
+        if last_done > last_start:
+            started, tries = None, 0
+        elif last_start >= 0:
+            started = time.monotonic()
+        if started is not None and time.monotonic() - started > limit:
+            tries += 1
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+            with open(log, "a") as f:
+                if tries > WATCHDOG_TRIES:
+                    f.write(f"{stamp} boot stuck again after {WATCHDOG_TRIES} resets: giving up\n")
+                    return
+                f.write(f"{stamp} no login prompt {limit:.0f} s after the boot started: system_reset\n")
+            qmp(lab, "system_reset")
+            started = time.monotonic()
+
+
+def start_watchdog(lab: Path, pid: int) -> None:
+    """Run :func:`watchdog` in a detached process (it outlives this command, ends with QEMU)."""
+    code = f"from labhost.boot import watchdog; from pathlib import Path; watchdog(Path({str(lab)!r}), {pid})"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    with open(run_dir(lab) / "watchdog.err", "ab") as err:
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """True once ``pid`` has exited (a zombie nobody reaped counts as exited)."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (OSError, IndexError):
+            return True
+        if time.monotonic() - t0 >= timeout:
+            return False
+        time.sleep(0.5)
+
+
+def down(lab: Path, force: bool, timeout: float) -> int:
+    pid = qemu_pid(lab)
+    if pid is None:
+        say("not running")
+        return 0
+    port = read_state(lab).get("port", default_port())
+    t0 = time.monotonic()
+    if not force:
+        # A clean shutdown from inside (disks synced); ACPI power button as the fallback.
+        with suppress(subprocess.TimeoutExpired):
+            subprocess.run([*ssh_argv(lab, port), "systemctl poweroff"], capture_output=True, timeout=30, check=False)
+        if not wait_gone(pid, timeout):
+            qmp(lab, "system_powerdown")
+    if not wait_gone(pid, 0 if force else 30):
+        qmp(lab, "quit")
+        if not wait_gone(pid, 10):
+            os.kill(pid, signal.SIGKILL)
+            wait_gone(pid, 10)
+    say(f"down ({time.monotonic() - t0:.0f} s)")
+    return 0

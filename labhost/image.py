@@ -1,0 +1,516 @@
+"""The lab image: its recipe (packages, files, nested initramfs) and its cached build
+(debootstrap, chroot, first boot under QEMU, ESP). See labhost/__init__.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from . import debpkg
+from .common import BUILD_TOOLS, HOSTNAME, LabError, ensure_key, ensure_tools, say
+
+# ---- image recipe: everything from here to the end marker is hashed into the cache key ----
+
+# Installed with apt (no recommends) on a debootstrap --variant=minbase bookworm.
+PACKAGES = [
+    "linux-image-amd64",
+    "initramfs-tools",
+    "udev",
+    "kmod",
+    "systemd-sysv",
+    "openssh-server",
+    "python3",
+    "iproute2",
+    "pciutils",
+    "grub2-common",
+    "grub-efi-amd64-bin",
+    "sudo",  # the playbook has become: true
+    "dbus",  # logind: `shutdown -r 0 MSG` (Ansible's reboot module) needs it
+    "python3-apt",  # Ansible's apt module: vgpu_host's mdevctl step finds it installed, offline
+    # What a GPU host runs its VMs with: role gpu_vms' Debian package list
+    # (roles/gpu_vms/vars/main.yml; tests/test_lab.py keeps the two in step), so its
+    # install step finds everything here and changes nothing.
+    "libvirt-daemon-system",
+    "libvirt-daemon-driver-qemu",
+    "qemu-system-x86",
+    "qemu-utils",
+    "ovmf",
+    "genisoimage",
+    "dnsmasq-base",
+    "python3-libvirt",
+    "mdevctl",  # the vGPU role persists mdevs as mdevctl definitions
+]
+# Not installed: busybox-static goes into the nested guest's initramfs.
+NESTED_PACKAGES = ["busybox-static"]
+SUITE = "bookworm"
+GRUB_CMDLINE_LINUX = "console=ttyS0 panic=-1"
+# Debian 12's kernel (CONFIG_INTEL_IOMMU_DEFAULT_ON_INTGPU_OFF=y) turns the Intel
+# IOMMU on by itself; the lab starts as a host with it off, the way the firmware
+# or an older kernel leaves many hosts: the iommu_host role replaces the argument.
+GRUB_CMDLINE_LINUX_DEFAULT = "quiet intel_iommu=off"
+# Modules the lab's small initramfs holds (MODULES=list): the root disk and its
+# file system. initramfs-tools' own and gpuprov's hooks add theirs.
+INITRAMFS_MODULES = ["virtio_pci", "virtio_blk", "ext4", "crc32c_generic"]
+# Units that only slow a TCG boot down or do nothing here.
+MASKED_UNITS = [
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "dpkg-db-backup.timer",
+    "e2scrub_all.timer",
+    "e2scrub_reap.service",
+    "fstrim.timer",
+    "systemd-networkd-wait-online.service",
+    "getty@tty1.service",
+]
+# Kernel modules no lab host loads (radios, cameras, other vendors' GPUs...):
+# dropping them halves the image.
+PRUNED_MODULES = [
+    "kernel/drivers/net/wireless",
+    "kernel/drivers/media",
+    "kernel/drivers/infiniband",
+    "kernel/drivers/gpu/drm/amd",
+    "kernel/drivers/gpu/drm/nouveau",
+    "kernel/drivers/gpu/drm/i915",
+    "kernel/drivers/gpu/drm/radeon",
+    "kernel/drivers/staging",
+    "kernel/drivers/bluetooth",
+    "kernel/drivers/isdn",
+    "kernel/sound/soc",
+    "kernel/net/wireless",
+    "kernel/net/mac80211",
+    "kernel/net/bluetooth",
+]
+FILES = {
+    "etc/hostname": f"{HOSTNAME}\n",
+    "etc/hosts": f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n",
+    # The management NIC (e1000 behind the bridge): QEMU user networking's
+    # addresses, static (no DHCP wait), no IPv6 chatter.
+    "etc/systemd/network/10-mgmt.network": (
+        "[Match]\nType=ether\n\n[Network]\nAddress=10.0.2.15/24\nGateway=10.0.2.2\nDNS=10.0.2.3\n"
+        "LinkLocalAddressing=no\nIPv6AcceptRA=no\n"
+    ),
+    "etc/resolv.conf": "nameserver 10.0.2.3\n",
+    "etc/ssh/sshd_config.d/gpuprov-lab.conf": "PermitRootLogin prohibit-password\nPasswordAuthentication no\n",
+    "etc/initramfs-tools/conf.d/gpuprov-lab.conf": (
+        "# The lab's initramfs holds what /etc/initramfs-tools/modules lists, not every driver:\n"
+        "# update-initramfs under TCG takes seconds instead of minutes.\nMODULES=list\n"
+    ),
+    "etc/dpkg/dpkg.cfg.d/gpuprov-lab-nodoc": (
+        "path-exclude=/usr/share/doc/*\npath-include=/usr/share/doc/*/copyright\n"
+        "path-exclude=/usr/share/man/*\npath-exclude=/usr/share/info/*\npath-exclude=/usr/share/locale/*\n"
+    ),
+    "usr/sbin/policy-rc.d": "#!/bin/sh\nexit 101\n",  # no daemons start in the build chroot (removed after)
+    # mtty plays the GPU vendor's host driver: loaded at boot, it offers the mdev types.
+    "etc/modules-load.d/gpuprov-lab-mtty.conf": "# the lab's mdev parent (samples/vfio-mdev)\nmtty\n",
+}
+# libvirt's default NAT network would start dnsmasq on every boot: the lab's VMs have no NIC.
+REMOVED_FILES = ["etc/libvirt/qemu/networks/autostart/default.xml"]
+
+# The nested guest (inventories/lab: TCG inside the lab host's TCG): the lab's own
+# kernel (/vmlinuz; PCI and the 8250 serial console are built in) and this
+# initramfs: busybox and an /init that prints every PCI device it sees on ttyS0
+# between two markers (the playbook waits for them in the serial log), then stays
+# up until the ACPI power button (evdev + button modules), so a shutdown is quick.
+NESTED_INITRD = "var/lib/libvirt/boot/gpuprov-nested-initrd.img"
+NESTED_MODULES = ["kernel/drivers/input/evdev.ko", "kernel/drivers/acpi/button.ko"]
+NESTED_BEGIN, NESTED_END = "GPUPROV-NESTED-BEGIN", "GPUPROV-NESTED-END"
+NESTED_INIT = f"""\
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+echo {NESTED_BEGIN}
+for d in /sys/bus/pci/devices/*; do
+  read -r v < "$d/vendor"; read -r p < "$d/device"; read -r c < "$d/class"
+  echo "PCI ${{d##*/}} ${{v#0x}}:${{p#0x}} class $c"
+done
+echo {NESTED_END}
+for m in /lib/modules/*.ko; do insmod "$m"; done
+for i in 1 2 3 4 5 6 7 8 9 10; do
+  for e in /sys/class/input/event*; do
+    [ "$(cat "$e/device/name" 2>/dev/null)" = "Power Button" ] && button=/dev/input/${{e##*/}}
+  done
+  [ -n "$button" ] && [ -c "$button" ] && break
+  sleep 1
+done
+if [ -n "$button" ]; then
+  dd if="$button" of=/dev/null bs=64 count=1 2>/dev/null
+  echo "GPUPROV-NESTED: power button: powering off"
+  poweroff -f
+fi
+echo "GPUPROV-NESTED: no power button: staying up"
+while :; do sleep 3600; done
+"""
+
+
+def nested_initramfs(busybox: bytes, modules: dict[str, bytes]) -> list[debpkg.CpioEntry]:
+    """The nested guest's initramfs, as cpio entries (busybox, /init, the modules)."""
+    entries: list[debpkg.CpioEntry] = [
+        (d, stat.S_IFDIR | 0o755, b"") for d in ("bin", "dev", "lib", "lib/modules", "proc", "sys")
+    ]
+    entries += [
+        ("dev/console", stat.S_IFCHR | 0o600, b"", (5, 1)),  # the kernel opens it for PID 1
+        ("bin/busybox", stat.S_IFREG | 0o755, busybox),
+        ("init", stat.S_IFREG | 0o755, NESTED_INIT),
+    ]
+    entries += [(f"lib/modules/{name}", stat.S_IFREG | 0o644, data) for name, data in sorted(modules.items())]
+    return entries
+
+
+def build_nested_initrd(root: Path, kver: str, busybox_deb: Path) -> None:
+    busybox = debpkg.deb_member(busybox_deb, "bin/busybox")
+    modules = {Path(m).name: (root / "lib/modules" / kver / m).read_bytes() for m in NESTED_MODULES}
+    out = root / NESTED_INITRD
+    out.parent.mkdir(parents=True, exist_ok=True)
+    debpkg.cpio(nested_initramfs(busybox, modules), out)
+    out.chmod(0o644)
+
+
+EMBEDDED_GRUB_CFG = """\
+# Standalone GRUB (the lab's ESP): hand over to the root disk's grub.cfg,
+# which update-grub writes from /etc/default/grub, as on any Debian host.
+# (By file system UUID: a search by file would find the memdisk's own grub.cfg.)
+# GRUB's modules stay on the memdisk ($prefix): the root disk has none (no grub-install).
+search --no-floppy --fs-uuid --set=root {fs_uuid}
+configfile ($root)/boot/grub/grub.cfg
+"""
+
+
+@contextmanager
+def chroot_mounts(root: Path) -> Iterator[None]:
+    """/proc, /sys, /dev and /dev/pts inside ``root`` for the duration; always unmounted."""
+    done: list[Path] = []
+    try:
+        for fstype, src, dst in (("proc", "proc", "proc"), ("sysfs", "sys", "sys"), (None, "/dev", "dev")):
+            target = root / dst
+            target.mkdir(exist_ok=True)
+            if fstype:
+                debpkg.sh(["mount", "-t", fstype, src, str(target)])
+            else:
+                debpkg.sh(["mount", "--rbind", src, str(target)])
+                debpkg.sh(["mount", "--make-rslave", str(target)])
+            done.append(target)
+        yield
+    finally:
+        for target in reversed(done):
+            subprocess.run(["umount", "-R", "-l", str(target)], check=False)
+
+
+def chroot(root: Path, *argv: str, env: dict[str, str] | None = None) -> str:
+    base = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+    return debpkg.sh(["chroot", str(root), *argv], env={**base, **(env or {})})
+
+
+def put(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def debian_mirrors() -> tuple[str, str]:
+    """The Debian and Debian security mirrors the build machine's apt uses."""
+    text = ""
+    for f in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
+        if f.is_file() and f.suffix in ("", ".list", ".sources"):
+            text += f.read_text(errors="replace") + "\n"
+    uris = re.findall(r"(?:^deb\s+(?:\[[^]]*\]\s+)?|^URIs:\s*)(\S+)", text, re.M)
+    main = next((u for u in uris if "security" not in u and "debian" in u), "http://deb.debian.org/debian")
+    sec = next((u for u in uris if "security" in u), "http://deb.debian.org/debian-security")
+    return main.rstrip("/"), sec.rstrip("/")
+
+
+def copy_apt_lists(root: Path, mirror: str, security: str) -> None:
+    """The build machine's package lists for exactly these sources: the chroot's apt sees the
+    versions the cache key was computed from, with no second download of the indexes."""
+    put(
+        root,
+        "etc/apt/sources.list",
+        f"deb {mirror} {SUITE} main\ndeb {mirror} {SUITE}-updates main\ndeb {security} {SUITE}-security main\n",
+    )
+    prefixes = [re.sub(r"^\w+://", "", u).replace("/", "_") + "_dists_" for u in (mirror, security)]
+    lists = root / "var/lib/apt/lists"
+    for f in Path("/var/lib/apt/lists").iterdir():
+        if f.is_file() and any(f.name.startswith(p) for p in prefixes):
+            shutil.copy(f, lists / f.name)
+
+
+def edit_grub_default(text: str) -> str:
+    """Debian's /etc/default/grub with the lab's changes: no menu wait, the serial console,
+    the IOMMU off."""
+    changes = [
+        (r"^GRUB_TIMEOUT=.*$", "GRUB_TIMEOUT=0"),
+        (r"^GRUB_CMDLINE_LINUX_DEFAULT=.*$", f'GRUB_CMDLINE_LINUX_DEFAULT="{GRUB_CMDLINE_LINUX_DEFAULT}"'),
+        (r"^GRUB_CMDLINE_LINUX=.*$", f'GRUB_CMDLINE_LINUX="{GRUB_CMDLINE_LINUX}"'),
+        (r"^#?GRUB_TERMINAL=.*$", "GRUB_TERMINAL=console"),
+    ]
+    for pattern, line in changes:
+        text, n = re.subn(pattern, line, text, count=1, flags=re.M)
+        if n != 1:
+            raise LabError(f"/etc/default/grub has no line matching {pattern}: Debian's template changed")
+    if "intel_iommu=on" in text:
+        raise LabError("/etc/default/grub already turns the IOMMU on: the lab must start with it off")
+    return text
+
+
+def build_rootfs(root: Path, pkgs: dict[str, str], kver: str, pubkey: str, mtty: Path, lab: Path, fs_uuid: str) -> None:
+    mirror, security = debian_mirrors()
+    cache = lab / "debs"
+    nested = {n: v for n, v in pkgs.items() if n in NESTED_PACKAGES}
+    pkgs = {n: v for n, v in pkgs.items() if n not in NESTED_PACKAGES}
+    (busybox_deb,) = debpkg.download(nested, cache)
+    (cache / "debootstrap").mkdir(parents=True, exist_ok=True)
+    say(f"debootstrap --variant=minbase {SUITE} ({mirror})")
+    debpkg.sh(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--cache-dir={(cache / 'debootstrap').resolve()}",
+            SUITE,
+            str(root),
+            mirror,
+        ]
+    )
+    for rel, text in FILES.items():
+        put(root, rel, text, 0o755 if rel.endswith("policy-rc.d") else 0o644)
+    copy_apt_lists(root, mirror, security)
+    apt_cache = root / "var/cache/apt/archives"
+    (cache / "apt/partial").mkdir(parents=True, exist_ok=True)
+    with chroot_mounts(root):
+        debpkg.sh(["mount", "--bind", str((cache / "apt").resolve()), str(apt_cache)])
+        try:
+            say(f"apt-get install {' '.join(pkgs)}")
+            # INITRD=No: no initramfs per package; one is made below, once configured.
+            chroot(
+                root,
+                "apt-get",
+                "install",
+                "-y",
+                "-q",
+                "--no-install-recommends",
+                "-o",
+                "Dpkg::Options::=--force-confold",
+                *(f"{n}={v}" for n, v in pkgs.items()),
+                env={"DEBIAN_FRONTEND": "noninteractive", "INITRD": "No"},
+            )
+        finally:
+            subprocess.run(["umount", str(apt_cache)], check=False)
+        say("configuring")
+        for rel in PRUNED_MODULES:
+            shutil.rmtree(root / "lib/modules" / kver / rel, ignore_errors=True)
+        extra = root / "lib/modules" / kver / "extra"
+        extra.mkdir(parents=True, exist_ok=True)
+        shutil.copy(mtty, extra / "mtty.ko")  # loaded at boot (modules-load.d, FILES)
+        chroot(root, "depmod", "-a", kver)
+        build_nested_initrd(root, kver, busybox_deb)
+        for rel in REMOVED_FILES:
+            with suppress(FileNotFoundError):
+                (root / rel).unlink()
+        (root / "boot/grub").mkdir(exist_ok=True)  # grub-install would make it; update-grub writes into it
+        grub = root / "etc/default/grub"
+        if not grub.exists():  # written by grub-pc/grub-efi-amd64's postinst, which a lab does not need
+            shutil.copy(root / "usr/share/grub/default/grub", grub)
+        grub.write_text(edit_grub_default(grub.read_text()))
+        modules = root / "etc/initramfs-tools/modules"
+        modules.write_text(modules.read_text() + "".join(f"{m}\n" for m in INITRAMFS_MODULES))
+        put(root, "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
+        ssh = root / "root/.ssh"
+        ssh.mkdir(mode=0o700, exist_ok=True)
+        put(root, "root/.ssh/authorized_keys", pubkey, 0o600)
+        chroot(root, "systemctl", "enable", "systemd-networkd.service", "ssh.service")
+        chroot(root, "systemctl", "mask", *MASKED_UNITS)
+        with suppress(FileNotFoundError):
+            (root / "boot" / f"initrd.img-{kver}").unlink()
+        chroot(root, "update-initramfs", "-c", "-k", kver)
+        put(root, "tmp/embedded.cfg", EMBEDDED_GRUB_CFG.format(fs_uuid=fs_uuid))
+        put(root, "usr/local/sbin/gpuprov-lab-firstboot", FIRSTBOOT, 0o755)
+        chroot(
+            root,
+            "grub-mkstandalone",
+            "-O",
+            "x86_64-efi",
+            "-o",
+            "/tmp/BOOTX64.EFI",
+            "boot/grub/grub.cfg=/tmp/embedded.cfg",
+        )
+    (root / "usr/sbin/policy-rc.d").unlink()
+    # The lab host has no network to fetch packages with: no indexes, no caches.
+    for p in [*(root / "var/lib/apt/lists").glob("*_*"), *(root / "var/cache/apt").glob("*.bin")]:
+        p.unlink()
+
+
+def make_root_image(root: Path, img: Path, fs_uuid: str) -> None:
+    """root/ into an ext4 image (whole disk, no partitions: the lab's /dev/vda)."""
+    mounted = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    if any(m == str(root) or m.startswith(f"{root}/") for m in mounted):
+        raise LabError(f"something is still mounted under {root}: not imaging it")
+    used = int(debpkg.sh(["du", "-s", "--block-size=1M", str(root)]).split()[0])
+    size = used + used // 4 + 768  # room for initramfs rebuilds, logs, the vGPU role's packages
+    debpkg.sh(["mkfs.ext4", "-q", "-F", "-L", "labroot", "-U", fs_uuid, "-d", str(root), str(img), f"{size}M"])
+
+
+FIRSTBOOT = """\
+#!/bin/sh
+# The image's first boot (once, while it is built): update-grub on the lab host's
+# own kernel and disk, so /boot/grub/grub.cfg comes from /etc/default/grub exactly
+# as it will whenever the lab host runs update-grub itself.
+PATH=/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+update-grub > /dev/console 2>&1 && echo "gpuprov-lab: firstboot ok" > /dev/console
+rm -f /usr/local/sbin/gpuprov-lab-firstboot
+mount -o remount,ro /
+sync
+echo o > /proc/sysrq-trigger
+"""
+
+
+def first_boot(img: Path, work: Path, fs_uuid: str) -> None:
+    """Boot the image once (QEMU direct kernel boot) to run its own update-grub."""
+    log = work / "firstboot.log"
+    argv = [
+        "qemu-system-x86_64",
+        "-machine",
+        "q35",
+        "-accel",
+        "tcg",
+        "-m",
+        "1024",
+        "-smp",
+        "2",
+        "-nodefaults",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-kernel",
+        str(work / "vmlinuz"),
+        "-initrd",
+        str(work / "initrd.img"),
+        "-append",
+        f"root=UUID={fs_uuid} rw console=ttyS0 panic=-1 quiet init=/usr/local/sbin/gpuprov-lab-firstboot",
+        "-drive",
+        f"file={img},format=raw,if=virtio",
+        "-netdev",
+        "user,id=n0,restrict=on",
+        "-serial",
+        f"file:{log}",
+    ]
+    try:
+        subprocess.run(argv, capture_output=True, timeout=600, check=False)
+    except subprocess.TimeoutExpired:
+        pass
+    text = log.read_text(errors="replace") if log.exists() else ""
+    if "gpuprov-lab: firstboot ok" not in text:
+        raise LabError(f"the image's first boot (update-grub) failed; console:\n{text[-3000:]}")
+    cfg = debpkg.sh(["debugfs", "-R", "cat /boot/grub/grub.cfg", str(img)])
+    if f"root=UUID={fs_uuid}" not in cfg or GRUB_CMDLINE_LINUX not in cfg:
+        raise LabError("update-grub wrote no entry booting root=UUID= with the lab's console arguments")
+
+
+def make_esp(efi: Path, esp: Path) -> None:
+    """A FAT ESP image with the standalone GRUB as the removable-media boot loader."""
+    debpkg.sh(["mkfs.vfat", "-C", "-n", "LABESP", str(esp), str(16 * 1024)])
+    debpkg.sh(["mmd", "-i", str(esp), "::/EFI", "::/EFI/BOOT"])
+    debpkg.sh(["mcopy", "-i", str(esp), str(efi), "::/EFI/BOOT/BOOTX64.EFI"])
+
+
+def build_image(lab: Path, key: str, pkgs: dict[str, str], kver: str, pubkey: str) -> Path:
+    out = lab / "images" / key
+    work = lab / "build.tmp"
+    if work.exists():
+        subprocess.run(["umount", "-R", "-l", str(work / "root")], capture_output=True, check=False)
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    mtty = debpkg.build_mtty(kver, lab / "mtty" / kver / "mtty.ko", lab / "debs")
+    root = work / "root"
+    fs_uuid = str(uuid.uuid4())
+    build_rootfs(root, pkgs, kver, pubkey, mtty, lab, fs_uuid)
+    put(root, "etc/fstab", f"UUID={fs_uuid} / ext4 errors=remount-ro 0 1\n")
+    shutil.move(str(root / "tmp/BOOTX64.EFI"), work / "BOOTX64.EFI")
+    (root / "tmp/embedded.cfg").unlink()
+    host_key = (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2]
+    say("imaging (mkfs.ext4 -d, ESP)")
+    for name in ("vmlinuz", "initrd.img"):
+        shutil.copy(root / "boot" / f"{name}-{kver}", work / name)
+    make_root_image(root, work / "root.img", fs_uuid)
+    shutil.rmtree(root)
+    say("first boot (update-grub)")
+    first_boot(work / "root.img", work, fs_uuid)
+    make_esp(work / "BOOTX64.EFI", work / "esp.img")
+    info = {
+        "key": key,
+        "kernel": kver,
+        "packages": pkgs,
+        "root_uuid": fs_uuid,
+        "host_key": " ".join(host_key),
+        "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (work / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for name in ("root.img", "esp.img", "info.json"):  # info.json last: it marks a finished image
+        (work / name).rename(out / name)
+    shutil.rmtree(work)
+    return out
+
+
+# ---- end of the image recipe ----
+
+
+def recipe_text() -> str:
+    src = Path(__file__).read_text()
+    start = src.index("# ---- image recipe:")
+    return src[start : src.index("# ---- end of the image recipe", start)]
+
+
+def image_key(lab: Path) -> tuple[str, dict[str, str], str, str]:
+    """(cache key, package versions, kernel version, root's public key) from apt's view now."""
+    pkgs = debpkg.resolve(PACKAGES + NESTED_PACKAGES)
+    kver = next(n for n in pkgs if n.startswith("linux-image-"))[len("linux-image-") :]
+    pubkey = (ensure_key(lab).with_suffix(".pub")).read_text()
+    h = hashlib.sha256()
+    for n, v in sorted(pkgs.items()):
+        h.update(f"{n}={v}\n".encode())
+    h.update(recipe_text().encode())
+    h.update(Path(debpkg.__file__).read_bytes())  # the mtty build
+    h.update(pubkey.encode())
+    return h.hexdigest()[:16], pkgs, kver, pubkey
+
+
+def ensure_image(lab: Path, rebuild: bool = False) -> Path:
+    try:
+        key, pkgs, kver, pubkey = image_key(lab)
+    except debpkg.CommandError:
+        if os.geteuid() != 0:
+            raise
+        say("apt-get update (apt knows none of the image's packages yet)")
+        debpkg.sh(["apt-get", "update", "-q"], env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        key, pkgs, kver, pubkey = image_key(lab)
+    out = lab / "images" / key
+    if (out / "info.json").exists() and not rebuild:
+        say(f"image {key}: cached")
+        return out
+    if os.geteuid() != 0:
+        raise LabError("building the lab image needs root (debootstrap, chroot): run as root once")
+    ensure_tools(BUILD_TOOLS)
+    t = time.monotonic()
+    say(f"image {key}: building (kernel {kver})")
+    out = build_image(lab, key, pkgs, kver, pubkey)
+    say(f"image {key}: built in {time.monotonic() - t:.0f} s")
+    for old in (lab / "images").iterdir():  # images of older inputs: never booted again
+        if old != out:
+            shutil.rmtree(old)
+    return out
