@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from gpuprov import debpkg, lab
-from gpuprov.plan.vms import parse_vm
+from gpuprov.rules.vm_input import parse_vm
 
 REPO = Path(__file__).resolve().parents[1]
 HOST_VARS = REPO / "inventories/lab/host_vars/lab-gpu-host.yml"
