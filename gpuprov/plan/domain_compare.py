@@ -1,6 +1,6 @@
 """Whether a domain's libvirt definition already means what gpuprov would define.
 
-Idempotence (docs/reference/modules.md, gpu_vm): the generated domain XML is compared
+Idempotence: the generated domain XML is compared
 with the domain's persistent XML *projected* onto what the builder
 (:mod:`gpuprov.plan.domain`) sets (:func:`compare_domain_xml`): attributes and
 elements libvirt adds (PCI addresses of its own controllers, ``<alias>``, the

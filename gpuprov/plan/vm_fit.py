@@ -107,7 +107,7 @@ def cpu_count(facts: HostFacts) -> int | None:
 
 def check_declared_mdevs(plan: HostPlan, declared: dict[str, dict[str, str]]) -> None:
     """VMs' mdevs against the vGPU layout (``gpuprov_gpus``, UUID -> {parent, type}, from
-    ``gpuprov.vgpu.declared_mdevs``): the role vgpu_host makes and keeps those; an mdev a VM
+    ``gpuprov.plan.vgpu.declared_mdevs``): the role vgpu_host makes and keeps those; an mdev a VM
     names that the layout lacks is made at start by gpu_vm but not again after a reboot."""
     for vm in plan.vms:
         if vm.state == "absent":

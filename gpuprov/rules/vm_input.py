@@ -253,7 +253,7 @@ def parse_vm(
 ) -> tuple[VmSpec | None, list[Refusal]]:
     """One entry of the VM list -> a :class:`VmSpec`, or the problems that stop it.
 
-    Every field meets the rules of :mod:`gpuprov.validate`; each problem names its
+    Every field meets the rules of :mod:`gpuprov.rules.validate`; each problem names its
     field by ``path`` (default ``gpu_vms_list[index]``). ``own`` is the entry as
     written when ``data`` has defaults merged under it (they are named by
     ``defaults_path``); ``cpu_limit`` is the host's CPU count, when known.
