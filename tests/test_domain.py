@@ -16,7 +16,8 @@ import pytest
 from gpuprov.facts.numa import parse_cpulist
 from gpuprov.plan.domain import DomainConfig, PciPassthrough, build_domain, domain_xml
 from gpuprov.plan.vm import domain_config, vm_paths
-from gpuprov.plan.vms import HostSettings, plan_host
+from gpuprov.plan.vm_fit import plan_host
+from gpuprov.plan.vm_spec import HostSettings
 from gpuprov.rules.validate import ROM_DIR
 from tests.vmhosts import GIB_KIB, nvidia_vgpu_host, sriov_vgpu_host, two_node_host
 

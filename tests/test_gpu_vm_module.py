@@ -289,7 +289,8 @@ class _Conn:
 
 
 def test_address_is_the_newest_lease_not_a_stale_one() -> None:
-    from gpuprov.plan.vm import leases, wait_for_address
+    from gpuprov.apply.libvirt import wait_for_address
+    from gpuprov.facts.libvirt import leases
 
     mac = "52:54:00:4f:ab:d6"
     old = [("192.168.213.92", 1000), ("192.168.213.93", 2000)]  # earlier guests under the same MAC

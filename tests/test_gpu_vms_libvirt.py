@@ -418,8 +418,10 @@ def test_gpu_domains_are_idempotent_against_libvirt(libvirt_host, host_root, tim
     from gpuprov.facts.host import gather
     from gpuprov.facts.sysfs import Sysfs
     from gpuprov.plan.domain import build_domain, to_xml
-    from gpuprov.plan.vm import compare_domain_xml, diff_text, domain_config, vm_paths
-    from gpuprov.plan.vms import HostSettings, plan_host
+    from gpuprov.plan.domain_compare import compare_domain_xml, diff_text
+    from gpuprov.plan.vm import domain_config, vm_paths
+    from gpuprov.plan.vm_fit import plan_host
+    from gpuprov.plan.vm_spec import HostSettings
 
     name = f"gpuprov-test-{capture}"
     _cleanup_domain(name)

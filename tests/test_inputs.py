@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from gpuprov.cli.yamlread import MAX_BYTES
-from gpuprov.plan.vms import HostSettings, plan_host
+from gpuprov.plan.vm_fit import plan_host
+from gpuprov.plan.vm_spec import HostSettings
 from gpuprov.rules.inputs import (
     GPU_VMS_VARIABLES,
     validate_gpu_vgpu_options,

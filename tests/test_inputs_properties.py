@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from gpuprov.cli.main import main
 from gpuprov.plan.domain import build_domain, to_xml
 from gpuprov.plan.vm import domain_config, vm_paths
-from gpuprov.plan.vms import FIRMWARES, STATES, Placement, VmSpec, parse_vm
+from gpuprov.plan.vm_spec import FIRMWARES, STATES, Placement, VmSpec
 from gpuprov.rules.inputs import validate_gpu_vgpu_options, validate_gpu_vm_options, validate_host_vars
 from gpuprov.rules.validate import (
     MAC_RE,
@@ -39,6 +39,7 @@ from gpuprov.rules.validate import (
     VENDOR_ID_RE,
     VM_NAME_RE,
 )
+from gpuprov.rules.vm_input import parse_vm
 from tests.conftest import tree_digest
 from tests.modrun import run_in_process
 from tests.test_inputs import BASE, REPO

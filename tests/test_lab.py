@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuprov.plan.vms import parse_vm
+from gpuprov.rules.vm_input import parse_vm
 from labhost import common, debpkg, image
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuprov.plan.vms import VM_KEYS
+from gpuprov.plan.vm_spec import VM_KEYS
 from tests.conftest import collections_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,7 +138,7 @@ def test_shared_options_and_results_come_from_the_fragments(name: str) -> None:
 
 
 def test_gpu_vm_documents_every_key_of_a_vm_entry(merged: dict[str, dict[str, Any]]) -> None:
-    """The vm suboptions are the keys gpuprov.vms.parse_vm accepts (and so are gpuprov plan's)."""
+    """The vm suboptions are the keys gpuprov.rules.vm_input.parse_vm accepts (and so are gpuprov plan's)."""
     suboptions = merged["gpu_vm"]["doc"]["options"]["vm"]["suboptions"]
     assert set(suboptions) == set(VM_KEYS)
     assert all(body.get("description") and body.get("type") for body in suboptions.values())

@@ -13,7 +13,9 @@ import yaml
 from gpuprov.cli.main import main
 from gpuprov.facts.host import HostFacts, gather
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.vms import HostSettings, default_mdev_uuid, plan_host
+from gpuprov.plan.vm_fit import plan_host
+from gpuprov.plan.vm_spec import HostSettings
+from gpuprov.rules.vm_input import default_mdev_uuid
 from tests.conftest import tree_digest
 from tests.fakehost import FakeHost
 from tests.vmhosts import GIB_KIB, add_numa, nvidia_vgpu_host, sriov_vgpu_host, two_node_host

@@ -10,7 +10,7 @@ mapping with ``gpu_vms_list`` (and optionally ``gpu_vms_defaults``,
 is printed at once; the exit status is 3 when there is any. A file that breaks
 the input rules (:mod:`gpuprov.inputs`, docs/reference/inputs.md) is exit 2,
 with every problem named by its field.
-Read-only. The rules live in :mod:`gpuprov.vms`; the module gpu_vm applies the
+Read-only. The rules live in :mod:`gpuprov.plan.vm_fit`; the module gpu_vm applies the
 same ones.
 """
 
@@ -89,14 +89,15 @@ def input_problems(source: str, problems: list[Any]) -> str:
 def cmd_plan(args: argparse.Namespace) -> int:
     from ..facts.host import gather
     from ..facts.sysfs import Sysfs
+    from ..facts.vm_storage import rom_problems
     from ..plan.base import Refusal
     from ..plan.vgpu import declared_mdevs
-    from ..plan.vm import rom_problems
-    from ..plan.vms import check_declared_mdevs, check_settings, cpu_count, plan_host
+    from ..plan.vm_fit import check_declared_mdevs, cpu_count, plan_host
     from ..report import write_json
     from ..report.plan import plan_report
     from ..rules.inputs import HOST_VARS_SETTINGS, validate_host_vars
     from ..rules.validate import ROM_DIR, Problems
+    from ..rules.vm_input import check_settings
     from .main import EXIT_NOT_READY, EXIT_OK, UsageError, host_root
     from .yamlread import YamlInputError, read_yaml
 

@@ -24,7 +24,7 @@ What a GPU guest wants, and why:
   NIC on a libvirt network, a serial console logged to a file.
 
 Standard library only (``xml.etree.ElementTree``): ships to targets with the
-modules. Inputs come from :mod:`gpuprov.vms` (spec + placement); the output is
+modules. Inputs come from :mod:`gpuprov.plan.vm_spec` (spec + placement); the output is
 what ``virt-xml-validate`` accepts for every combination (tests/test_domain.py).
 """
 

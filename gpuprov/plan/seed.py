@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from .vms import CloudInitSpec
+from .vm_spec import CloudInitSpec
 
 # The ISO tools this knows, in the order they are looked for on the host.
 ISO_TOOLS = ("genisoimage", "xorriso", "mkisofs", "cloud-localds")

@@ -8,7 +8,7 @@ Each returns the typed input and every problem at once (each naming its field
 path and the fix); with any problem the caller changes nothing (``gpuprov
 plan`` exits 2, a module fails with ``refusals``). The field rules are those of
 :mod:`gpuprov.validate`, applied by the parsers that build the typed values
-(:func:`gpuprov.vms.parse_vm`, :func:`gpuprov.vgpu.parse_gpus`), so a host_vars
+(:func:`gpuprov.rules.vm_input.parse_vm`, :func:`gpuprov.vgpu.parse_gpus`), so a host_vars
 file and a module's options get the same verdict. A module's top-level options
 arrive after Ansible's own type coercion (``type: bool`` turns ``"false"`` into
 false); what sits inside its mappings (``vm``, ``host_vms``, ``defaults``,
@@ -25,7 +25,7 @@ from typing import Any
 
 from ..plan.base import Plan, Refusal
 from ..plan.vgpu import SCHEDULERS, parse_gpus
-from ..plan.vms import STATES, VM_KEYS, HostSettings, check_settings, merge_defaults, parse_vm
+from ..plan.vm_spec import STATES, VM_KEYS, HostSettings
 from .validate import (
     MAX_SECONDS,
     MAX_VMS,
@@ -38,6 +38,7 @@ from .validate import (
     sequence,
     text,
 )
+from .vm_input import check_settings, merge_defaults, parse_vm
 
 # Role gpu_vms' variables (roles/gpu_vms/defaults/main.yml; a test keeps the two in step):
 # another gpu_vms_* key in a host_vars file is a typo that would silently do nothing.

@@ -350,25 +350,14 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import warn_or_refuse
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import Plan
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.seed import ISO_TOOLS
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vm import (
-    LibvirtMissing,
-    LiveDomain,
-    StorageState,
-    VmOptions,
-    connect,
-    consults_libvirt,
-    find_iso_tool,
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_vm import (
     finish_vm,
-    network_state,
-    other_assignments,
-    plan_vm,
-    read_live,
-    read_storage,
-    vm_paths,
+    open_libvirt,
+    plan_gpu_vm,
+    vm_result,
 )
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vms import cpu_count, plan_host
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import Plan
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vm_fit import cpu_count
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.inputs import validate_gpu_vm_options
 
 
@@ -398,34 +387,8 @@ def main() -> None:
     if given is None or problems:
         warn_or_refuse(module, Plan(refusals=problems), {"plan": [], "not_run": [], "root": root})
         return
-    conn = None
-    if consults_libvirt(root, p["uri"]):
-        try:
-            conn = connect(p["uri"])
-        except (LibvirtMissing, RuntimeError) as exc:
-            module.fail_json(msg=str(exc))
-    host = plan_host(facts, given.vm_list, given.settings)
-    spec = host.vm(given.name)
-    live = read_live(conn, given.name) if conn is not None else LiveDomain()
-    storage = StorageState()
-    if spec is not None:
-        storage = read_storage(spec, vm_paths(spec, p["storage_dir"]), p["storage_dir"], root)
-    opts = VmOptions(
-        state=given.state,
-        storage_dir=p["storage_dir"],
-        # Another root: the tools are that host's, and nothing is run here.
-        iso_tool=find_iso_tool(module.get_bin_path) or (None if conn is not None else ISO_TOOLS[0]),
-        qemu_img=module.get_bin_path("qemu-img") or "qemu-img",
-        remove_storage=p["remove_storage"],
-        network_state=network_state(conn, spec.network if spec else None) if conn is not None else "active",
-    )
-    others = other_assignments(conn, given.name) if conn is not None and given.state != "absent" else {}
-    plan = plan_vm(facts, host, given.name, live if live.exists else LiveDomain(), others, storage, opts)
-    if conn is None:
-        plan.warnings.append(
-            f"root is {root}, not /: libvirt ({p['uri']}) was not consulted and nothing is run on this machine; "
-            "the plan takes the domain as absent and its network as active (see not_run)"
-        )
+    conn = open_libvirt(module, root, p["uri"])
+    plan, spec = plan_gpu_vm(module, facts, given, conn)
     finish_vm(
         module,
         plan,
@@ -433,9 +396,7 @@ def main() -> None:
         root,
         shutdown_timeout=p["shutdown_timeout"],
         wait_address=p["wait_for_address"],
-        state=given.state,
-        mac=spec.guest_mac if spec is not None and spec.network else None,
-        guest_user=spec.cloud_init.user if spec is not None and spec.cloud_init else None,
+        **vm_result(given.state, spec),
     )
 
 

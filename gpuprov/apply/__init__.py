@@ -1,0 +1,1 @@
+"""Executing plans: the only layer that writes (files, sysfs, commands, libvirt)."""

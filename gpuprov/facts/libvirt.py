@@ -1,0 +1,113 @@
+"""What libvirt holds: a domain's definition and state, the devices other domains
+hold, a network's state, the DHCP leases of a MAC.
+
+The ``libvirt`` Python bindings are imported lazily (:func:`bindings`): a host
+without them gets a message naming the package. Reads only; what writes through
+libvirt is :mod:`gpuprov.apply.libvirt`. Standard library otherwise (ships with
+the modules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .domains import domain_devices
+
+LIBVIRT_MISSING = (
+    "the libvirt Python bindings are not installed for {python}: install python3-libvirt "
+    "(Debian/Ubuntu: apt-get install python3-libvirt; EL: dnf install python3-libvirt) "
+    "or `pip install libvirt-python` into that interpreter"
+)
+
+
+class LibvirtMissing(RuntimeError):
+    """The ``libvirt`` module cannot be imported; the message names the package."""
+
+
+@dataclass
+class LiveDomain:
+    exists: bool = False
+    active: bool = False
+    xml: str | None = None  # the persistent (inactive) definition
+    uuid: str | None = None
+    autostart: bool = False
+
+
+def bindings() -> Any:
+    """The ``libvirt`` module, or :class:`LibvirtMissing` naming the package to install."""
+    try:
+        import libvirt
+    except ImportError:
+        import sys
+
+        raise LibvirtMissing(LIBVIRT_MISSING.format(python=sys.executable)) from None
+    return libvirt
+
+
+def connect(uri: str) -> Any:
+    libvirt = bindings()
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)  # errors are raised, not printed
+    try:
+        return libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        raise RuntimeError(f"cannot connect to libvirt at {uri}: {exc}") from None
+
+
+def read_live(conn: Any, name: str) -> LiveDomain:
+    libvirt = bindings()
+    try:
+        dom = conn.lookupByName(name)
+    except libvirt.libvirtError:
+        return LiveDomain()
+    return LiveDomain(
+        exists=True,
+        active=bool(dom.isActive()),
+        xml=dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE),
+        uuid=dom.UUIDString(),
+        autostart=bool(dom.autostart()),
+    )
+
+
+def other_assignments(conn: Any, name: str) -> dict[str, tuple[str, bool]]:
+    """Device (PCI address or mdev UUID) -> (domain, running) for every other domain."""
+    libvirt = bindings()
+    out: dict[str, tuple[str, bool]] = {}
+    for dom in conn.listAllDomains():
+        if dom.name() == name:
+            continue
+        try:
+            xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        except libvirt.libvirtError:
+            continue
+        for device in domain_devices(xml):
+            out[device] = (dom.name(), bool(dom.isActive()))
+    return out
+
+
+def network_state(conn: Any, network: str | None) -> str | None:
+    if not network:
+        return "active"
+    libvirt = bindings()
+    try:
+        net = conn.networkLookupByName(network)
+    except libvirt.libvirtError:
+        return None
+    return "active" if net.isActive() else "inactive"
+
+
+def leases(conn: Any, network: str | None, mac: str) -> list[tuple[str, int]]:
+    """IPv4 leases the libvirt network's DHCP server holds for ``mac``: (address, expiry), newest first."""
+    libvirt = bindings()
+    if not network:
+        return []
+    try:
+        found = conn.networkLookupByName(network).DHCPLeases(mac) or []
+    except libvirt.libvirtError:
+        return []
+    out = [
+        (lease["ipaddr"], int(lease.get("expirytime") or 0))
+        for lease in found
+        if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 and (lease.get("mac") or "").lower() == mac.lower()
+    ]
+    return sorted(out, key=lambda lease: lease[1], reverse=True)

@@ -1,0 +1,130 @@
+"""A host's VM list: the spec of each VM, where it runs, and whether the host can take it.
+
+The VM list is what the inventory gives role ``gpu_vms`` (``gpu_vms_list``,
+with ``gpu_vms_defaults`` merged under each entry) and what ``gpuprov plan``
+reads from a YAML file. :func:`plan_host` checks the whole list against the
+host facts before anything changes and reports every problem at once:
+
+- a GPU, VF or mdev given twice, or an IOMMU group split between VMs;
+- a device that is not vfio-ready (the safety rules of :mod:`gpuprov.rules.assess`;
+  a device still on its host driver but bindable is fine: role vfio_host binds it);
+- an mdev parent or type the host does not offer, more new instances than
+  ``available_instances``, mixed vGPU types on an NVIDIA GPU (all vGPUs of a
+  board share one profile unless the host opts into mixed sizes);
+- SR-IOV vGPU VFs: a type that is not creatable, a VF that holds another type;
+- host memory, CPUs and hugepages oversubscribed.
+
+It also places each VM (:func:`gpuprov.plan.vm_place.place`): its NUMA node (the
+node of its first GPU, VF or mdev parent, unless given), one host CPU per vCPU on
+that node (first free, in list order, after the CPUs kept for the host), and
+hugepages when enough are reserved. The module ``gpu_vm`` places a VM with the same
+function over the same list, so the plan and the domains agree.
+
+Pure: no I/O. Ships to targets with the modules; standard library only.
+
+The checks live in :mod:`gpuprov.plan.vm_checks`, the data in
+:mod:`gpuprov.plan.vm_spec`, the input rules in :mod:`gpuprov.rules.vm_input`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..facts.host import HostFacts
+from ..facts.numa import parse_cpulist
+from ..rules.assess import held_open
+from ..rules.validate import MAX_VMS, Problems, sequence
+from ..rules.vm_input import check_settings, parse_vm
+from .base import Refusal
+from .vm_checks import (
+    Ledger,
+    check_groups,
+    check_mdevs,
+    check_pci,
+    check_vgpu_vfs,
+    check_whole_and_sliced,
+    is_consumer_nvidia,
+)
+from .vm_place import check_totals, place
+from .vm_spec import HostPlan, HostSettings, Placement
+
+
+def plan_host(
+    facts: HostFacts,
+    vm_list: list[Any],
+    settings: HostSettings | None = None,
+    *,
+    path: str = "gpu_vms_list",
+) -> HostPlan:
+    """Check a host's whole VM list against its facts; place every VM. Pure.
+
+    Entries and settings that break the input rules (:mod:`gpuprov.rules.validate`) are
+    refused first, each named by its field (``path[i].field``)."""
+    settings = settings or HostSettings()
+    plan = HostPlan()
+    problems = Problems()
+    reserved = check_settings(settings, problems)
+    if sequence(problems, path, vm_list, MAX_VMS) is None or problems:
+        plan.refusals.extend(problems.items)
+        return plan
+    names: dict[str, int] = {}
+    for i, data in enumerate(vm_list):
+        spec, found = parse_vm(data, i, path=f"{path}[{i}]", cpu_limit=cpu_count(facts))
+        plan.refusals.extend(found)
+        if spec is None:
+            continue
+        if spec.name in names:
+            plan.refusals.append(Refusal(f"VM {spec.name} is listed twice", "VM names are libvirt domain names"))
+            continue
+        names[spec.name] = i
+        plan.vms.append(spec)
+    active = [v for v in plan.vms if v.state != "absent"]
+    place(facts, active, plan, reserved)
+    held = held_open(facts)
+    ledger = Ledger(plan)
+    for vm in active:
+        check_pci(facts, vm, plan, ledger, held)
+        placement = plan.placements[vm.name]
+        if vm.hide_kvm is None:
+            placement.hide_kvm = any(is_consumer_nvidia(facts, g.address) for g in vm.gpus)
+        else:
+            placement.hide_kvm = vm.hide_kvm
+    check_groups(facts, plan, ledger)
+    check_whole_and_sliced(facts, active, plan, ledger)
+    check_mdevs(facts, active, plan, ledger, settings)
+    check_vgpu_vfs(facts, active, plan, settings)
+    check_totals(facts, active, plan, settings, reserved)
+    for vm in plan.vms:
+        plan.placements.setdefault(vm.name, Placement(node=None, cpus=None, hugepage_kib=None))
+    return plan
+
+
+def cpu_count(facts: HostFacts) -> int | None:
+    """One past the host's highest CPU number (None: the host shows no NUMA CPU lists)."""
+    cpus = [c for n in facts.numa for c in parse_cpulist(n.cpulist)]
+    return max(cpus) + 1 if cpus else None
+
+
+def check_declared_mdevs(plan: HostPlan, declared: dict[str, dict[str, str]]) -> None:
+    """VMs' mdevs against the vGPU layout (``gpuprov_gpus``, UUID -> {parent, type}, from
+    ``gpuprov.plan.vgpu.declared_mdevs``): the role vgpu_host makes and keeps those; an mdev a VM
+    names that the layout lacks is made at start by gpu_vm but not again after a reboot."""
+    for vm in plan.vms:
+        if vm.state == "absent":
+            continue
+        for m in vm.mdevs:
+            want = declared.get(m.uuid)
+            if want is None:
+                plan.warnings.append(
+                    f"VM {vm.name}: mdev {m.uuid} ({m.type} on {m.parent}) is not in gpuprov_gpus: "
+                    "it is made when the VM starts, but nothing makes it again after a reboot"
+                )
+            elif (want["parent"], want["type"]) != (m.parent, m.type):
+                plan.refusals.append(
+                    Refusal(
+                        f"VM {vm.name}: mdev {m.uuid} is {m.type} on {m.parent}, but gpuprov_gpus declares it "
+                        f"as {want['type']} on {want['parent']}",
+                        "make the VM's mdev and the gpuprov_gpus entry agree",
+                        m.uuid,
+                    )
+                )
