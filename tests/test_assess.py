@@ -1,4 +1,4 @@
-"""Each safety rule of DESIGN.md, one fake host each: the finding and its text."""
+"""Each safety rule of docs/concepts/safety-rules.md, one fake host each: the finding and its text."""
 
 from __future__ import annotations
 

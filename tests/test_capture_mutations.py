@@ -6,7 +6,7 @@ then go through `gpuprov inspect --json` and `gpuprov plan --json` in-process (c
 Invariants: exit 0, 2 or 3; never the last-resort guard's "unexpected" (a real cause left
 unfixed); nothing written outside the temp dir and the temp dir removed; no file of the
 machine running the tests in the output; never "ready" (a GPU's `ready` false in
-docs/inspect-json.md) on missing evidence.
+docs/reference/inspect-json.md) on missing evidence.
 
 Budget: conftest's fixed, derandomized "gpuprov" profile (60 examples per property).
 """

@@ -1,6 +1,6 @@
 """A synthetic NVIDIA vGPU host for the vGPU planner, module and molecule tests.
 
-Built with tests/fakehost.py from the documented sysfs formats (DESIGN.md,
+Built with tests/fakehost.py from the documented sysfs formats (docs/guides/mdev.md, docs/guides/sriov-vgpu.md,
 NVIDIA's vGPU user guide) and the nvidia-smi MIG outputs in
 tests/fixtures/vgpu/a100-80gb/ (see its README):
 

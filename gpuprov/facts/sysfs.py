@@ -281,7 +281,7 @@ class Sysfs:
     def _unfollowed(self, rel: str) -> str | None:
         """Absolute path of ``rel`` with its parent directory resolved inside the root and its
         last component as is (not followed); ``None`` when the parent is missing or loops."""
-        head, _, name = rel.rpartition("/")
+        head, _sep, name = rel.rpartition("/")
         if name in ("", ".", ".."):
             real = self._real_dir(rel)
             return None if real is None else f"{self.root}/{real}" if real else self.root
@@ -294,7 +294,7 @@ class Sysfs:
 
     def _type(self, path: str) -> int:
         """``stat.S_IFMT`` of an absolute path below the root, not following it; 0 when missing."""
-        folder, _, name = path.rpartition("/")
+        folder, _sep, name = path.rpartition("/")
         listed = self._listed.get(folder)
         entry = listed.get(name) if listed is not None else None
         if entry is not None:
@@ -324,7 +324,7 @@ class Sysfs:
         known = self._real.get(rel)
         if known is not None:
             return known
-        head, _, name = rel.rpartition("/")
+        head, _sep, name = rel.rpartition("/")
         if head.count("/") > 64:  # not a path gpuprov builds: no deep recursion, walk it
             result = self._walk([], rel.split("/"))
         else:

@@ -1,4 +1,4 @@
-"""The ``gpuprov inspect`` report as plain data (JSON schema v1, see docs/inspect-json.md)."""
+"""The ``gpuprov inspect`` report as plain data (JSON schema v1, see docs/reference/inspect-json.md)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ GPU machine, and checks, each with ok/warn/fail/skip and a fix:
 - ``--bench``: pinned host<->device bandwidth and a bf16 matmul (torch or cupy),
   as fractions of the link's and the GPU's peak.
 
-The report is plain data (schema ``gpuprov.verify/v1``, docs/verify-json.md);
+The report is plain data (schema ``gpuprov.verify/v1``, docs/reference/verify-json.md);
 :func:`evaluate` is a pure function from facts to checks. Exit 0 when no
 check fails, 1 when one does, 2 on bad input.
 """

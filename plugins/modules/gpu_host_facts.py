@@ -40,7 +40,7 @@ attributes:
   platform:
     platforms: posix
 notes:
-  - The fact follows the schema C(gpuprov.inspect/v1), documented in C(docs/inspect-json.md).
+  - The fact follows the schema C(gpuprov.inspect/v1), documented in C(docs/reference/inspect-json.md).
 seealso:
   - name: gpuprov inspect
     description: The same report on the command line.

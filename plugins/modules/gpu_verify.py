@@ -68,7 +68,7 @@ attributes:
     platforms: posix
 notes:
   - Against a O(root) other than C(/) the GPUs come from the capture's C(capture/nvidia-smi-q-x).
-  - The report follows the schema C(gpuprov.verify/v1), documented in C(docs/verify-json.md).
+  - The report follows the schema C(gpuprov.verify/v1), documented in C(docs/reference/verify-json.md).
 seealso:
   - name: gpuprov verify
     description: The same checks on the command line.
