@@ -1,22 +1,22 @@
 """gpu_vgpu run for real by ansible on a target Python with neither gpuprov nor
 ansible (the code travels as module_utils), over the mtty capture and the
-synthetic NVIDIA host; and the planner copy the boot unit runs, on that same
-bare Python. Every refusal leaves the root as it was."""
+synthetic NVIDIA host; and the zipapp the boot unit runs (built into the
+assembled collection, installed by the role), on that same bare Python. Every
+refusal leaves the root as it was."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from gpuprov.plan.vgpu import BOOT_LIB, STATE_FILE, derived_uuid
+from gpuprov.plan.vgpu import BOOT_PYZ, STATE_FILE, derived_uuid
 from tests import vgpuhosts as vh
-from tests.conftest import tree_digest
+from tests.conftest import build_collection_tool, collections_path, tree_digest
 from tests.test_modules import bare_python, run_module  # noqa: F401 - bare_python is a fixture
 
 LAB_UUID = "5e2bb1d2-6a4b-4c4e-9b1a-0f0e2d1c0b01"
@@ -30,10 +30,20 @@ def mtty(host_root, tmp_path) -> Path:
     return dest
 
 
+def built_pyz() -> Path:
+    """The boot zipapp of the checkout's assembled collection (roles/vgpu_host/files/)."""
+    collections_path()
+    tool = build_collection_tool()
+    return tool.TREE / tool.BOOT_PYZ
+
+
 @pytest.fixture
 def nvidia(tmp_path) -> Path:
+    """The synthetic NVIDIA host with the boot zipapp installed where the role vgpu_host puts it."""
     root = tmp_path / "nvidia"
     vh.build(root).finish()
+    (root / BOOT_PYZ).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(built_pyz(), root / BOOT_PYZ)
     return root
 
 
@@ -78,11 +88,9 @@ def test_nvidia_host_layout_scheduler_and_boot_unit(bare_python, nvidia) -> None
         "0000:e1:00.0": {"use": "mig", "mig": {"3g.40gb": 1, "1g.10gb": 2}},
     }
     args = {"gpus": gpus, "scheduler": "fixed_share", "root": str(nvidia)}
-    # --diff names each copied source file in one line, not its thousands of lines.
     dry = run_module(bare_python, "gpu_vgpu", args, check=True)
-    assert f"+++ after: {nvidia}/{BOOT_LIB}/gpuprov/vgpu.py" in dry["stdout"]
-    assert re.search(r"\+\(\d+ lines, sha256 [0-9a-f]{12}\.\.\.\)", dry["stdout"]), dry["stdout"][-2000:]
-    assert "def plan_vgpu" not in dry["stdout"]
+    assert not dry["failed"] and f"+++ after: {nvidia}/etc/systemd/system/gpuprov-vgpu.service" in dry["stdout"]
+    assert "gpuprov/plan/vgpu" not in dry["stdout"]  # the module writes no code: the unit runs the zipapp
     first = run_module(bare_python, "gpu_vgpu", args)
     assert not first["failed"], first.get("msg")
     assert [(v["vf"], v["type"]) for v in first["vgpus"]] == [(vh.SRIOV_VFS[0], 557), (vh.SRIOV_VFS[1], 557)]
@@ -90,22 +98,33 @@ def test_nvidia_host_layout_scheduler_and_boot_unit(bare_python, nvidia) -> None
     assert first["scheduler"]["RmPVMRL"] == "0x11" and first["reboot_required"] is False
     assert "run nvidia-smi mig -i 3 -cgi 19 -C" in " ".join(first["not_run"])
     assert (nvidia / "etc/systemd/system/gpuprov-vgpu.service").exists()
-    # The copy of the planner is the one the module shipped: same files as the package's.
-    copied = sorted(p.relative_to(nvidia / BOOT_LIB / "gpuprov") for p in (nvidia / BOOT_LIB).rglob("*.py"))
-    assert Path("vgpu.py") in copied and Path("host/mig.py") in copied and Path("host/__init__.py") in copied
-    package = Path(__file__).resolve().parents[1] / "gpuprov"
-    for rel in copied:
-        assert (nvidia / BOOT_LIB / "gpuprov" / rel).read_text() == (package / rel).read_text(), rel
+    unit = (nvidia / "etc/systemd/system/gpuprov-vgpu.service").read_text()
+    assert f"ExecStart=/usr/bin/python3 /{BOOT_PYZ} --state /{STATE_FILE}" in unit
+    assert not (nvidia / "usr/lib/gpuprov/gpuprov").exists()
     again = run_module(bare_python, "gpu_vgpu", args)
     assert again["changed"] is False, again["plan"]
 
 
-def test_boot_planner_copy_runs_on_a_bare_python(bare_python, nvidia) -> None:  # noqa: F811
-    """What gpuprov-vgpu.service runs: the copied package, the saved layout, nothing else installed."""
+def test_missing_boot_zipapp_is_refused(bare_python, nvidia) -> None:  # noqa: F811
+    (nvidia / BOOT_PYZ).unlink()
+    before = tree_digest(nvidia)
+    gpus = {vh.SRIOV_PF: {"use": "sriov_vgpu", "vgpus": [{"type": "NVIDIA A100-4C"}]}}
+    result = run_module(bare_python, "gpu_vgpu", {"gpus": gpus, "root": str(nvidia)})
+    assert result["failed"] is True and f"/{BOOT_PYZ} is not installed" in result["msg"]
+    assert tree_digest(nvidia) == before
+
+
+def test_boot_zipapp_is_deterministic_and_runs_on_a_bare_python(bare_python, nvidia, tmp_path) -> None:  # noqa: F811
+    """What gpuprov-vgpu.service runs: the installed zipapp, the saved layout, nothing else installed."""
+    tool = build_collection_tool()
+    assert tool.boot_pyz(tool.plan_copies()) == built_pyz().read_bytes()  # same bytes on every build
+    pyz = str(nvidia / BOOT_PYZ)
+    help_run = subprocess.run([bare_python, "-I", pyz, "--help"], capture_output=True, text=True, cwd="/", check=False)
+    assert help_run.returncode == 0 and "--state" in help_run.stdout, help_run.stderr
     gpus = {vh.SRIOV_PF: {"use": "sriov_vgpu", "vgpus": [{"type": "NVIDIA A100-4C"}, {"type": 557}]}}
     assert not run_module(bare_python, "gpu_vgpu", {"gpus": gpus, "root": str(nvidia)})["failed"]
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(nvidia / BOOT_LIB)}
-    argv = [bare_python, "-m", "gpuprov.plan.vgpu", "--root", str(nvidia), "--state", str(nvidia / STATE_FILE)]
+    env = {"PATH": os.environ.get("PATH", "")}
+    argv = [bare_python, "-I", pyz, "--root", str(nvidia), "--state", str(nvidia / STATE_FILE)]
     check = subprocess.run([*argv, "--check"], env=env, capture_output=True, text=True, cwd="/", check=False)
     assert check.returncode == 0, check.stderr
     vf_types = [line for line in check.stdout.splitlines() if "current_vgpu_type" in line]
@@ -115,8 +134,6 @@ def test_boot_planner_copy_runs_on_a_bare_python(bare_python, nvidia) -> None:  
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("not run (root is not /): write '557'") == 2, run.stdout
     assert tree_digest(nvidia) == before  # boot mode writes no file
-    # Python's own __pycache__ beside the copy is not a change to the copy.
-    assert list((nvidia / BOOT_LIB).rglob("__pycache__"))
     assert run_module(bare_python, "gpu_vgpu", {"gpus": gpus, "root": str(nvidia)})["changed"] is False
     (nvidia / STATE_FILE).write_text("{garbled")
     broken = subprocess.run(argv, env=env, capture_output=True, text=True, cwd="/", check=False)

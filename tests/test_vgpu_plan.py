@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gpuprov.apply.vgpu import converge, wait_for_vfs
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.plan.base import ApplyError, apply
 from gpuprov.plan.vgpu import (
@@ -23,12 +24,10 @@ from gpuprov.plan.vgpu import (
     STATE_FILE,
     VgpuPlan,
     VgpuRequest,
-    converge,
     derived_uuid,
     mdevctl_definition,
     plan_host,
     registry_value,
-    wait_for_vfs,
 )
 from tests import vgpuhosts as vh
 from tests.conftest import tree_digest
@@ -55,7 +54,7 @@ def nvidia(tmp_path):
     def make(setup: Any = None, **kw: Any) -> Path:
         count[0] += 1
         root = tmp_path / f"nvidia{count[0]}"
-        fake = vh.build(root, **kw)
+        fake = vh.build(root, **{"boot_runner": True, **kw})
         if setup:
             setup(fake)
         fake.finish()
@@ -402,13 +401,10 @@ def test_vf_types_by_name_and_pinned_id(nvidia) -> None:
     assert saved["gpus"][A100]["vgpus"] == [{"type": 557, "vf": VF4}, {"type": 557, "vf": VF7}]
     assert saved["vgpu_type_names"] == {"557": "NVIDIA A100-4C"}
     unit = files(plan)[BOOT_UNIT] or ""
-    assert "ExecStart=/usr/bin/python3 -m gpuprov.plan.vgpu --state /etc/gpuprov/vgpu.json" in unit
-    assert (
-        "Environment=PYTHONPATH=/usr/lib/gpuprov PYTHONDONTWRITEBYTECODE=1" in unit
-        and "After=" in unit
-        and "nvidia-vgpu-mgr" in unit
-    )
-    assert "usr/lib/gpuprov/gpuprov/vgpu.py" in files(plan)
+    assert "ExecStart=/usr/bin/python3 /usr/lib/gpuprov/gpuprov-vgpu.pyz --state /etc/gpuprov/vgpu.json" in unit
+    assert "Environment=PYTHONDONTWRITEBYTECODE=1" in unit and "After=" in unit and "nvidia-vgpu-mgr" in unit
+    # The unit runs the installed zipapp: the module writes no code.
+    assert not [p for p in files(plan) if p.startswith("usr/lib/gpuprov")]
     assert ["systemctl", "enable", "gpuprov-vgpu.service"] in commands(plan)
 
 
@@ -776,11 +772,14 @@ def test_whole_host_applies_then_plans_no_file_change(nvidia) -> None:
     root = nvidia()
     plan, applied, first = converge(str(root), VgpuRequest(gpus=full_layout(), scheduler="fixed_share"))
     assert first is None and not plan.refused
-    assert any("gpuprov/vgpu.py" in d for d in applied.done)
+    assert any(BOOT_UNIT in d for d in applied.done)
     assert all(a.startswith(("write", "run")) for a in applied.not_run)
     again = plan_of(root, full_layout(), scheduler="fixed_share")
     assert files(again) == {}, list(files(again))
-    # Without the SR-IOV and MIG entries the boot unit and the planner copy go, the unit is disabled.
+    # Without the SR-IOV and MIG entries the boot unit goes, the unit is disabled; so does the
+    # planner copy an earlier version wrote under usr/lib/gpuprov/gpuprov.
+    (root / "usr/lib/gpuprov/gpuprov").mkdir(parents=True)
+    (root / "usr/lib/gpuprov/gpuprov/vgpu.py").write_text("# an earlier copy\n")
     (root / "etc/systemd/system/multi-user.target.wants").mkdir(parents=True)
     (root / "etc/systemd/system/multi-user.target.wants/gpuprov-vgpu.service").symlink_to("../gpuprov-vgpu.service")
     mdev_only = {V100: full_layout()[V100]}
@@ -789,6 +788,21 @@ def test_whole_host_applies_then_plans_no_file_change(nvidia) -> None:
     assert BOOT_UNIT in removed and "usr/lib/gpuprov/gpuprov/vgpu.py" in removed
     assert ["systemctl", "disable", "gpuprov-vgpu.service"] in commands(plan)
     assert [(v["vf"], v["type"]) for v in plan.cleared_vfs] == []  # the VFs never got their type (not live)
+
+
+def test_missing_boot_runner_is_refused_where_the_boot_unit_needs_it(nvidia) -> None:
+    root = nvidia(boot_runner=False)
+    plan = plan_of(root, {A100: full_layout()[A100]})
+    assert plan.refused and plan.actions == []
+    assert "/usr/lib/gpuprov/gpuprov-vgpu.pyz is not installed" in plan.refusal_text()
+    # Without persistence, or with mdevs only, no boot unit runs it: nothing to refuse.
+    assert not plan_of(root, {A100: full_layout()[A100]}, persistent=False).refused
+    assert not plan_of(root, {V100: full_layout()[V100]}).refused
+    # An earlier version's planner copy goes even when the layout needs the zipapp again.
+    (root / "usr/lib/gpuprov/gpuprov/plan").mkdir(parents=True)
+    (root / "usr/lib/gpuprov/gpuprov/plan/vgpu.py").write_text("# an earlier copy\n")
+    (root / "usr/lib/gpuprov/gpuprov-vgpu.pyz").write_text("stand-in\n")
+    assert files(plan_of(root, {A100: full_layout()[A100]}))["usr/lib/gpuprov/gpuprov/plan/vgpu.py"] is None
 
 
 def test_boot_mode_reapplies_vf_types_and_mig_only(nvidia) -> None:
@@ -815,6 +829,8 @@ def h100(host_root, tmp_path) -> Path:
         (dest / f"capture/nvidia-smi-mig-{key}").write_text((real / name).read_text())
     for key in ("lgi", "lci"):
         (dest / f"capture/nvidia-smi-mig-{key}").write_text("No MIG-enabled devices found.\n")
+    (dest / "usr/lib/gpuprov").mkdir(parents=True)  # the boot unit's zipapp, as the role installs it
+    (dest / "usr/lib/gpuprov/gpuprov-vgpu.pyz").write_text("stand-in\n")
     return dest
 
 

@@ -123,6 +123,7 @@ def build(
     mig: dict[str, str] | None = None,
     sriov_manage: bool = True,
     nvidia_params: str | None = None,
+    boot_runner: bool = False,
 ) -> FakeHost:
     """The synthetic host below ``root`` (see the module docstring); ``finish()`` is up to the caller."""
     current = current or {}
@@ -141,6 +142,8 @@ def build(
     write_mig(fake, mig if mig is not None else mig_outputs())
     if sriov_manage:
         fake.write("usr/lib/nvidia/sriov-manage", "#!/bin/sh\n# stand-in for NVIDIA's script\nexit 0\n")
+    if boot_runner:  # what the role vgpu_host installs before gpu_vgpu runs (a stand-in here)
+        fake.write("usr/lib/gpuprov/gpuprov-vgpu.pyz", "stand-in for the boot unit's zipapp\n")
     if nvidia_params is not None:
         fake.write("proc/driver/nvidia/params", nvidia_params)
     fake.write("proc/modules", "nvidia 56000000 0 - Live 0x0000000000000000\n")

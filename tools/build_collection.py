@@ -9,7 +9,11 @@ The repository is the one source. This script copies (never links: links trip
 - ``plugins/modules`` and ``plugins/doc_fragments``;
 - ``plugins/module_utils/gpuprov``: the part of the ``gpuprov`` package the modules
   import, found by following their imports (:data:`CLI_ONLY` stops the walk);
-- ``roles/`` and ``playbooks/``.
+- ``roles/`` and ``playbooks/``;
+- ``roles/vgpu_host/files/gpuprov-vgpu.pyz``: a zipapp of that module_utils package whose
+  ``__main__`` runs the vGPU boot entry point (gpuprov.apply.vgpu); the role installs it as
+  ``/usr/lib/gpuprov/gpuprov-vgpu.pyz`` for ``gpuprov-vgpu.service``. Deterministic: sorted
+  entries, fixed timestamps and modes, so an unchanged checkout builds the same bytes.
 
 That tree is also the developers' collection (``ansible.cfg``: ``collections_path =
 ./build/collections``). A run whose inputs hash as the last one's changes nothing,
@@ -23,12 +27,15 @@ import argparse
 import ast
 import fcntl
 import hashlib
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipapp
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +64,15 @@ TREES = {
     "collection/tests": "tests",
 }
 FILES = {"README.md": "README.md", "LICENSE": "LICENSE"}
+# The boot unit's runner, built from the module_utils package (docs/collection.md).
+BOOT_PYZ = "roles/vgpu_host/files/gpuprov-vgpu.pyz"
+BOOT_MAIN = '''"""gpuprov-vgpu.pyz: re-apply the saved vGPU layout at boot (gpuprov-vgpu.service runs it)."""
+
+from gpuprov.apply.vgpu import main
+
+raise SystemExit(main())
+'''
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest a zip entry can say: the same bytes on every build
 SKIP_NAMES = {"__pycache__", ".pytest_cache", ".ruff_cache", ".molecule"}
 
 
@@ -179,6 +195,26 @@ def plan_copies() -> dict[str, Path]:
     return copies
 
 
+def boot_pyz(copies: dict[str, Path]) -> bytes:
+    """The zipapp of the module_utils ``gpuprov`` package, its ``__main__`` the vGPU boot entry point."""
+    prefix = "plugins/module_utils/"
+    entries = {dest[len(prefix) :]: src.read_bytes() for dest, src in copies.items() if dest.startswith(prefix)}
+    if "gpuprov/apply/vgpu.py" not in entries:
+        raise BuildError("no module imports gpuprov.apply.vgpu: the boot zipapp has no entry point")
+    entries["__main__.py"] = BOOT_MAIN.encode()
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in sorted(entries):
+            info = zipfile.ZipInfo(name, date_time=ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o100644 << 16
+            archive.writestr(info, entries[name])
+    raw.seek(0)
+    out = io.BytesIO()
+    zipapp.create_archive(raw, out, interpreter="/usr/bin/python3")
+    return out.getvalue()
+
+
 def galaxy_yml() -> str:
     text = (REPO / "collection" / "galaxy.yml").read_text()
     if re.search(r"^version:", text, re.MULTILINE):
@@ -212,6 +248,8 @@ def assemble() -> bool:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
         (staging / "galaxy.yml").write_text(galaxy)
+        (staging / BOOT_PYZ).parent.mkdir(parents=True, exist_ok=True)
+        (staging / BOOT_PYZ).write_bytes(boot_pyz(copies))
         if TREE.exists():
             old = TREE.with_name(f".{NAME}.old")
             shutil.rmtree(old, ignore_errors=True)

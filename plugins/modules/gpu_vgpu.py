@@ -24,7 +24,10 @@ description:
     instances with a default compute instance each (C(nvidia-smi mig -cgi IDS -C)), destroying those that do not
     fit the layout. MIG mode itself is only switched on with O(allow_mig_mode_change).
   - VF types and MIG instances do not survive a reboot; the layout is saved in C(/etc/gpuprov/vgpu.json) and the
-    boot unit C(gpuprov-vgpu.service) re-applies it with the same planner (a copy of it under C(/usr/lib/gpuprov)).
+    boot unit C(gpuprov-vgpu.service) re-applies it with the same planner, installed as
+    C(/usr/lib/gpuprov/gpuprov-vgpu.pyz) (the role C(gpuprov.kvm.vgpu_host) copies it there first). Where SR-IOV
+    or MIG entries need that unit and the file is missing, the module refuses (O(persistent=false) skips it).
+    A planner copy earlier versions wrote under C(/usr/lib/gpuprov/gpuprov) is removed.
   - Refuses, changing nothing, on a malformed address, UUID or entry, an unknown C(use) or key, an absent parent or
     GPU, a type the parent or VF does not offer, more mdevs than C(available_instances), mixed vGPU types on an
     NVIDIA GPU (unless O(mixed_vgpu_types)), SR-IOV on a GPU without VFs, an unknown MIG profile or a layout that
@@ -192,14 +195,11 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.apply.vgpu import first_pass
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, warn_or_refuse
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import ApplyError, Plan
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vgpu import (
-    VgpuRequest,
-    enable_then_replan,
-    plan_host,
-)
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vgpu import VgpuRequest, plan_host
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.inputs import validate_gpu_vgpu_options
 
 
@@ -232,13 +232,14 @@ def main() -> None:
         allow_mig_mode_change=p["allow_mig_mode_change"],
     )
     plan = plan_host(Sysfs(p["root"]), request)
+    try:
+        plan, first = first_pass(p["root"], request, plan, check=module.check_mode)
+    except ApplyError as exc:
+        module.fail_json(msg=str(exc), done=exc.applied.done, plan=plan.describe(), **plan.result())
+        return
     extra = plan.result()
-    if plan.second_pass and not plan.refused and Sysfs(p["root"]).live and not module.check_mode:
-        try:
-            plan, first = enable_then_replan(p["root"], request, plan)
-        except ApplyError as exc:
-            module.fail_json(msg=str(exc), done=exc.applied.done, plan=plan.describe(), **extra)
-        extra = {**plan.result(), "first_pass": first.done}
+    if first is not None:
+        extra["first_pass"] = first.done
     finish(module, plan, p["root"], **extra)
 
 

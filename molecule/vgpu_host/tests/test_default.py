@@ -106,18 +106,24 @@ def test_boot_unit(host, root, kind):
     unit.optionxform = str  # systemd keys are case-sensitive
     unit.read_string(f.content_string)
     assert unit["Service"]["Type"] == "oneshot"
-    assert unit["Service"]["ExecStart"] == "/usr/bin/python3 -m gpuprov.plan.vgpu --state /etc/gpuprov/vgpu.json"
-    assert unit["Service"]["Environment"] == "PYTHONPATH=/usr/lib/gpuprov PYTHONDONTWRITEBYTECODE=1"
+    assert (
+        unit["Service"]["ExecStart"]
+        == "/usr/bin/python3 /usr/lib/gpuprov/gpuprov-vgpu.pyz --state /etc/gpuprov/vgpu.json"
+    )
+    assert unit["Service"]["Environment"] == "PYTHONDONTWRITEBYTECODE=1"
     assert "nvidia-vgpu-mgr.service" in unit["Unit"]["After"] and "libvirtd.service" in unit["Unit"]["Before"]
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 
 
-def test_boot_planner_copy_runs_on_the_instance_python(host, root, kind):
-    """What the unit runs at boot, from the copy the module wrote, on the instance's python3 (no gpuprov installed)."""
+def test_boot_zipapp_runs_on_the_instance_python(host, root, kind):
+    """What the unit runs at boot, the zipapp the role installed, on the instance's python3 (no gpuprov installed)."""
     if kind != "nvidia-vgpu-host":
         pytest.skip("the synthetic NVIDIA host")
     assert host.run("python3 -c 'import gpuprov'").rc != 0
-    cmd = f"cd / && PYTHONPATH={root}/usr/lib/gpuprov python3 -m gpuprov.plan.vgpu --root {root} --state {root}/{STATE}"
+    pyz = host.file(f"{root}/usr/lib/gpuprov/gpuprov-vgpu.pyz")
+    assert pyz.is_file and pyz.mode == 0o644
+    assert not host.file(f"{root}/usr/lib/gpuprov/gpuprov").exists  # no planner copy any more
+    cmd = f"cd / && python3 -I {root}/usr/lib/gpuprov/gpuprov-vgpu.pyz --root {root} --state {root}/{STATE}"
     check = host.run(cmd + " --check")
     assert check.rc == 0, check.stderr
     lines = check.stdout.splitlines()

@@ -1,0 +1,58 @@
+"""The vGPU planner: config, facts and inputs in, a VgpuPlan out (:func:`plan_vgpu`, pure), and
+:func:`plan_host`, which reads them below a root first."""
+
+from __future__ import annotations
+
+from ...facts.host import HostFacts, gather
+from ...facts.mig import MigFacts, Runner, read_mig
+from ...facts.sysfs import Sysfs
+from ...facts.vgpu_inputs import STATE_FILE, HostInputs, read_inputs
+from .config import VgpuPlan, VgpuRequest, parse_gpus
+from .mdev import _plan_mdevs
+from .mig import _plan_mig_entry
+from .persistence import _persistence
+from .scheduler import _plan_scheduler
+from .sriov import _plan_sriov
+from .state import parse_state
+
+
+def plan_vgpu(facts: HostFacts, request: VgpuRequest, inputs: HostInputs, mig: MigFacts | None = None) -> VgpuPlan:
+    """The actions that give each declared GPU its instances, or the refusals. Pure."""
+    plan = VgpuPlan()
+    entries = parse_gpus(request.gpus, plan)
+    if request.boot:
+        entries = [e for e in entries if e.use in ("sriov_vgpu", "mig")]
+    _layout, managed = parse_state(inputs.files.get(STATE_FILE), plan)
+    if plan.refused:
+        return plan
+    _plan_mdevs(facts, [e for e in entries if e.use == "mdev"], managed, inputs, request, plan)
+    _plan_sriov(facts, [e for e in entries if e.use == "sriov_vgpu"], managed, inputs, request, plan)
+    for entry in entries:
+        if entry.use == "mig":
+            _plan_mig_entry(facts, entry, mig or MigFacts(error="not read"), request, plan)
+    if not request.boot:
+        _plan_scheduler(request, inputs, plan)
+        if request.persistent and not plan.refused:
+            _persistence(entries, request, inputs, managed, plan)
+    if plan.refused:
+        plan.actions = []
+    return plan
+
+
+# ---------------------------------------------------------------- reading the host
+
+
+def read_host(
+    sysfs: Sysfs, request: VgpuRequest, run: Runner | None = None
+) -> tuple[HostFacts, HostInputs, MigFacts | None]:
+    facts = gather(sysfs)
+    inputs = read_inputs(sysfs, facts)
+    wants_mig = isinstance(request.gpus, dict) and any(
+        isinstance(v, dict) and v.get("use") == "mig" for v in request.gpus.values()
+    )
+    return facts, inputs, (read_mig(sysfs, run) if wants_mig else None)
+
+
+def plan_host(sysfs: Sysfs, request: VgpuRequest, run: Runner | None = None) -> VgpuPlan:
+    facts, inputs, mig = read_host(sysfs, request, run)
+    return plan_vgpu(facts, request, inputs, mig)
