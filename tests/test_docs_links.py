@@ -13,10 +13,6 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 MAX_README_LINES = 200
 
-# Pages written on branches not merged yet when these docs were: a link to one of them is
-# allowed while the file is absent. Once it exists the entry must go (the test says so).
-PENDING: dict[str, str] = {}
-
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 _CODE_SPAN = re.compile(r"(`+).+?\1", re.S)
 _INLINE = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -46,17 +42,9 @@ def test_relative_links_resolve(page: Path) -> None:
     broken = []
     for target in relative_links(page.read_text(encoding="utf-8")):
         path = (page.parent / target.split("#", 1)[0]).resolve()
-        name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
-        if not path.exists() and name not in PENDING:
+        if not path.exists():
             broken.append(target)
     assert not broken, f"{page.relative_to(ROOT)}: links to files that do not exist: {broken}"
-
-
-@pytest.mark.parametrize("name", sorted(PENDING))
-def test_pending_pages_still_pending(name: str) -> None:
-    assert not (ROOT / name).exists(), (
-        f"{name} exists now ({PENDING[name]} merged): drop it from PENDING in tests/test_docs_links.py"
-    )
 
 
 def test_index_maps_every_page() -> None:
