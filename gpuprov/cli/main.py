@@ -28,7 +28,7 @@ class UsageError(Exception):
 def host_root(root: str) -> Iterator[str]:
     """A directory to read the host from: ``/``, a directory, or a capture tarball.
 
-    A tarball is unpacked by :mod:`gpuprov.rootfs` (the one safe way into a capture) into a
+    A tarball is unpacked by :mod:`gpuprov.cli.rootfs` (the one safe way into a capture) into a
     temporary directory, removed afterwards whatever happens.
     """
     from . import rootfs

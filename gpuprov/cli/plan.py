@@ -8,7 +8,7 @@ mapping with ``gpu_vms_list`` (and optionally ``gpu_vms_defaults``,
 ``gpu_vms_reserved_memory_mib``, ``gpu_vms_reserved_cpus``,
 ``gpu_vms_mixed_vgpu_types``), such as the host's host_vars file. Every problem
 is printed at once; the exit status is 3 when there is any. A file that breaks
-the input rules (:mod:`gpuprov.inputs`, docs/reference/inputs.md) is exit 2,
+the input rules (:mod:`gpuprov.rules.inputs`, docs/reference/inputs.md) is exit 2,
 with every problem named by its field.
 Read-only. The rules live in :mod:`gpuprov.plan.vm_fit`; the module gpu_vm applies the
 same ones.

@@ -2,7 +2,7 @@
 read, and nothing that identifies the machine or its users
 (docs/concepts/capture-privacy.md says what and why).
 
-Each rewrite keeps the facts the readers in :mod:`gpuprov.host` take from the
+Each rewrite keeps the facts the readers in :mod:`gpuprov.facts` take from the
 file, so ``gpuprov inspect`` gives the same verdicts on the capture as on the
 machine; only names and numbers that identify it change. Standard library only.
 """
@@ -243,7 +243,7 @@ def lspci_verbose(text: str) -> str:
 
 
 def smi_xml(text: str) -> str | None:
-    """``nvidia-smi -q -x`` with only the elements :func:`gpuprov.guest.gpus.parse_smi_xml`
+    """``nvidia-smi -q -x`` with only the elements :func:`gpuprov.facts.gpus.parse_smi_xml`
     reads (VM names, vGPU instance UUIDs, serials and part numbers are left out);
     ``None`` when it is not that XML."""
     try:

@@ -4,7 +4,7 @@ so both views show the same data.
 Also the output helpers every table printer (inspect, verify, plan) uses, so
 that no value from a host or a file is ever parsed as Rich markup or reaches
 the terminal with its control characters (docs/output.md): the printers render
-from :func:`gpuprov.textsafe.safe_data` of their report, on :func:`make_console`,
+from :func:`gpuprov.cli.textsafe.safe_data` of their report, on :func:`make_console`,
 into :class:`ValueTable`.
 """
 

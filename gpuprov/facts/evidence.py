@@ -3,7 +3,7 @@
 Every reader that gathers such evidence records here what it could not read,
 instead of reading it as "none": a missing ``/proc/swaps`` is not "no swap".
 ``HostFacts.missing`` maps an evidence name ("swap list", "IOMMU group of
-0000:41:00.0") to a :class:`Missing`; :mod:`gpuprov.assess` turns each one into
+0000:41:00.0") to a :class:`Missing`; :mod:`gpuprov.rules.assess` turns each one into
 an "unknown" blocker. The rules and the evidence each needs:
 docs/concepts/safety-rules.md.
 """

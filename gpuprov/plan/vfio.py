@@ -145,7 +145,7 @@ def _normalize(request: VfioRequest, facts: HostFacts, plan: Plan) -> list[str]:
 
 
 def _safety(facts: HostFacts, request: VfioRequest, wanted: list[str], bind_set: list[str], plan: Plan) -> None:
-    """Refuse per the safety rules (gpuprov.assess); an expert override turns a device's
+    """Refuse per the safety rules (gpuprov.rules.assess); an expert override turns a device's
     refusals into warnings, except those no override lifts (a bridge or port)."""
     held = held_open(facts)
     for addr in wanted:

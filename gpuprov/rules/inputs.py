@@ -7,8 +7,8 @@
 Each returns the typed input and every problem at once (each naming its field
 path and the fix); with any problem the caller changes nothing (``gpuprov
 plan`` exits 2, a module fails with ``refusals``). The field rules are those of
-:mod:`gpuprov.validate`, applied by the parsers that build the typed values
-(:func:`gpuprov.rules.vm_input.parse_vm`, :func:`gpuprov.vgpu.parse_gpus`), so a host_vars
+:mod:`gpuprov.rules.validate`, applied by the parsers that build the typed values
+(:func:`gpuprov.rules.vm_input.parse_vm`, :func:`gpuprov.plan.vgpu.parse_gpus`), so a host_vars
 file and a module's options get the same verdict. A module's top-level options
 arrive after Ansible's own type coercion (``type: bool`` turns ``"false"`` into
 false); what sits inside its mappings (``vm``, ``host_vms``, ``defaults``,

@@ -9,7 +9,7 @@ bool), sizes are never negative and every range has an upper bound, CPU lists
 are bounded before anything is expanded. Names follow libvirt's and the
 kernel's rules, and no free text holds a control character. The per-input
 functions (a host_vars file, gpu_vm's and gpu_vgpu's options) are in
-:mod:`gpuprov.inputs`; every rule and limit here is listed in
+:mod:`gpuprov.rules.inputs`; every rule and limit here is listed in
 docs/reference/inputs.md.
 
 Pure except :func:`rom_file_problem` (an lstat walk below a root). Ships to

@@ -127,7 +127,7 @@ def _unknown_keys(plan: Plan, where: str, data: dict[str, Any], known: tuple[str
 
 
 def _checked(plan: Plan, check: Any, *args: Any, **kwargs: Any) -> Any:
-    """A :mod:`gpuprov.validate` checker's value; its problems become the plan's refusals."""
+    """A :mod:`gpuprov.rules.validate` checker's value; its problems become the plan's refusals."""
     problems = Problems()
     value = check(problems, *args, **kwargs)
     plan.refusals.extend(problems.items)
@@ -237,7 +237,7 @@ def _mig_entries(plan: Plan, key: str, value: Any) -> list[str | int]:
 def parse_gpus(gpus: Any, plan: Plan) -> list[Entry]:
     """The entries this module manages (mdev, sriov_vgpu, mig); problems go to ``plan``.
 
-    Every value meets the input rules of :mod:`gpuprov.validate` (docs/reference/inputs.md)."""
+    Every value meets the input rules of :mod:`gpuprov.rules.validate` (docs/reference/inputs.md)."""
     if gpus is None:
         return []
     if not isinstance(gpus, dict):
