@@ -113,11 +113,12 @@ step "pytest (python3 $(python_version python))" run_pytest python "$@"
 # Again under Debian 12's own python3, the README's platform (PATH's python3 may be
 # another build: pyenv's on the CI machine), all but the `slow` tests (real libvirt and
 # Docker: services, not the interpreter, are what they test). Its venv has the test
-# extra only; the module tests drive .venv's ansible (on PATH) with a target
-# interpreter made from this Python.
+# and ansible extras: the in-process module tests (tests/modrun.py) import ansible-core
+# under this Python; the module tests through `ansible` drive .venv's (on PATH) with a
+# target interpreter made from this Python.
 system_python=/usr/bin/python3
 if [[ -x $system_python ]]; then
-  step "venv ($system_python)" env PYTHON=$system_python VENV=.venv-system scripts/bootstrap.sh test
+  step "venv ($system_python)" env PYTHON=$system_python VENV=.venv-system scripts/bootstrap.sh test,ansible
   step "pytest ($system_python $(python_version $system_python))" \
     run_pytest .venv-system/bin/python -m "not slow" "$@"
 elif [[ ${CI:-} == true ]]; then
