@@ -158,7 +158,8 @@ def test_the_runtime_step_follows_gpuprov_verifys_checks_in_check_mode(converge,
     before = digests(digest)
     run = converge({"gpuprov_molecule_entry_points": ["runtime"], "guest_container_toolkit_cdi": False}, check=True)
     assert run.failures == 0, run.output
-    assert run.changed == 1 and run.changed_tasks == ["guest_container_toolkit : Say what check mode would run"]
+    assert run.changed == 1
+    assert run.changed_tasks == ["gpuprov.kvm.guest_container_toolkit : Say what check mode would run"]
     assert (
         "would run: nvidia-ctk runtime configure --runtime=docker; nvidia-ctk runtime configure --runtime=containerd"
         in (run.output)
@@ -177,7 +178,7 @@ def test_the_runtime_step_without_nvidia_ctk_fails_naming_the_fix(converge, dige
 
 def test_gpuprov_verify_here_names_the_toolkit_as_the_fix(host):
     """What the play's closing check says on this guest: Docker without the NVIDIA runtime."""
-    result = host.ansible("gpu_verify", '{"container": false, "fail_on": []}', check=False)
+    result = host.ansible("gpuprov.kvm.gpu_verify", '{"container": false, "fail_on": []}', check=False)
     checks = {c["id"]: c for c in result["checks"]}
     docker = checks["docker-runtime"]
     assert docker["status"] == "fail"
