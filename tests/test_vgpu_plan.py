@@ -790,14 +790,18 @@ def test_whole_host_applies_then_plans_no_file_change(nvidia) -> None:
     assert [(v["vf"], v["type"]) for v in plan.cleared_vfs] == []  # the VFs never got their type (not live)
 
 
-def test_missing_boot_runner_is_refused_where_the_boot_unit_needs_it(nvidia) -> None:
+def test_missing_boot_runner_is_said_where_the_boot_unit_needs_it(nvidia) -> None:
+    """The role installs the runner after the plan is applied (a refused plan writes nothing):
+    the plan says it is missing, loudly, and still plans the unit."""
     root = nvidia(boot_runner=False)
     plan = plan_of(root, {A100: full_layout()[A100]})
-    assert plan.refused and plan.actions == []
-    assert "/usr/lib/gpuprov/gpuprov-vgpu.pyz is not installed" in plan.refusal_text()
-    # Without persistence, or with mdevs only, no boot unit runs it: nothing to refuse.
-    assert not plan_of(root, {A100: full_layout()[A100]}, persistent=False).refused
-    assert not plan_of(root, {V100: full_layout()[V100]}).refused
+    assert not plan.refused and plan.actions
+    assert any("/usr/lib/gpuprov/gpuprov-vgpu.pyz is not installed" in w for w in plan.warnings)
+    # Without persistence, or with mdevs only, no boot unit runs it: nothing to say.
+    assert not any(
+        "gpuprov-vgpu.pyz" in w for w in plan_of(root, {A100: full_layout()[A100]}, persistent=False).warnings
+    )
+    assert not any("gpuprov-vgpu.pyz" in w for w in plan_of(root, {V100: full_layout()[V100]}).warnings)
     # An earlier version's planner copy goes even when the layout needs the zipapp again.
     (root / "usr/lib/gpuprov/gpuprov/plan").mkdir(parents=True)
     (root / "usr/lib/gpuprov/gpuprov/plan/vgpu.py").write_text("# an earlier copy\n")

@@ -19,7 +19,7 @@ from ..base import (
     file_action,
 )
 from .checks import _cmd
-from .config import _HEADER, Entry, VgpuPlan, VgpuRequest, _problem
+from .config import _HEADER, Entry, VgpuPlan, VgpuRequest
 from .state import STATE_SCHEMA, Managed
 
 _RULE_PATH_RE = re.compile(r"(/\S*/mdevctl) start-parent-mdevs")
@@ -113,14 +113,13 @@ def _persistence(
     if not needs_boot and had_unit and inputs.boot_enabled:
         plan.actions.append(_cmd(["systemctl", "disable", BOOT_SERVICE], "no VF types or MIG layout left to re-apply"))
     if needs_boot and not inputs.boot_runner:
-        _problem(
-            plan,
+        # The role installs it right after this plan is applied (a refused plan must write nothing,
+        # so the runner never goes first); said loudly for a module run on its own.
+        plan.warnings.append(
             f"/{BOOT_PYZ} is not installed: {BOOT_SERVICE}, which re-applies the VF types and MIG layout "
-            "at boot, runs it",
-            "run the role gpuprov.kvm.vgpu_host (it installs it from its files/), or copy the assembled "
-            f"collection's roles/vgpu_host/files/{BOOT_PYZ.rsplit('/', 1)[1]} there; or set persistent: false",
+            "at boot, runs it; the role gpuprov.kvm.vgpu_host installs it from its files/ (or copy the "
+            f"assembled collection's roles/vgpu_host/files/{BOOT_PYZ.rsplit('/', 1)[1]} there)"
         )
-        return
     for path, text in sorted(inputs.old_boot_files.items()):
         plan.actions.append(
             Action(
