@@ -6,6 +6,7 @@ refusal leaves the root as it was."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
