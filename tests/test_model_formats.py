@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -481,3 +482,19 @@ mig-configs:
     assert "device-filter: must be a string" in messages
     assert "mig-enabled: must be a boolean" in messages
     assert "must be a whole number, not the boolean true" in messages
+
+
+def test_the_reference_page_example_is_what_the_code_makes() -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "reference" / "formats.md").read_text(encoding="utf-8")
+    source, expected = (yaml.safe_load(block) for block in re.findall(r"^```yaml\n(.*?)^```", page, re.M | re.S))
+    layouts, refusals = layouts_from_mig_parted(source)
+    assert refusals == []
+    assert layouts == expected["gpuprov_layouts"]
+
+
+def test_a_repeated_index_list_is_told_once_per_entry() -> None:
+    indices = list(range(1024))
+    layouts, refusals = layouts_from_mig_parted(_mig_doc(*[_mig(devices=indices) for _ in range(60)]))
+    assert layouts == {}
+    assert len(refusals) == 59
+    assert refusals[0].message.startswith("mig-configs.cfg[1]: takes GPU 0, which an earlier entry")

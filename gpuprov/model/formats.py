@@ -17,6 +17,7 @@ modules; standard library only.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,37 +118,15 @@ def layouts_from_mig_parted(doc: Any) -> tuple[dict[str, dict[str, Any]], list[R
 
     ``mig-enabled: false`` -> ``use: host``; ``true`` -> ``use: mig`` with ``mig: {profile: count}``
     (``mig: {}`` for an empty ``mig-devices``: MIG mode on, no instances)."""
-    p = Problems()
-    layouts: dict[str, dict[str, Any]] = {}
-    total = 0
-    for name, path, items in _configs(p, doc, "mig-configs", "mig-parted"):
-        gpus: list[dict[str, Any]] = []
-        claims = _Claims()
-        for i, item in enumerate(items):
-            where = f"{path}[{i}]"
-            item = _entry_mapping(p, where, item, _MIG_ENTRY_KEYS, ("devices", "mig-enabled"))
-            if item is None:
-                continue
-            targets = _targets(p, where, item)
-            enabled = boolean(p, f"{where}.mig-enabled", item["mig-enabled"])
-            profiles = _mig_devices(p, where, item, enabled)
-            if targets is None or enabled is None or profiles is None:
-                continue
-            total += len(targets)
-            if total > MAX_ENTRIES:
-                p.add(where, f"the file makes more than {MAX_ENTRIES} GPU entries", "split it into several files")
-                return {}, p.items
-            for target in targets:
-                if not claims.take(p, where, target):
-                    continue
-                entry: dict[str, Any] = {"name": "", "select": target.select}
-                if enabled:
-                    entry.update(name=f"mig-{target.suffix()}", use="mig", mig=dict(profiles))
-                else:
-                    entry.update(name=f"host-{target.suffix()}", use="host")
-                gpus.append(entry)
-        layouts[name] = {"gpus": gpus}
-    return ({}, p.items) if p else (layouts, [])
+
+    def fields(p: Problems, where: str, item: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+        enabled = boolean(p, f"{where}.mig-enabled", item["mig-enabled"])
+        profiles = _mig_devices(p, where, item, enabled)
+        if enabled is None or profiles is None:
+            return None
+        return ("mig", {"use": "mig", "mig": profiles}) if enabled else ("host", {"use": "host"})
+
+    return _layouts(doc, "mig-configs", "mig-parted", _MIG_ENTRY_KEYS, ("devices", "mig-enabled"), fields)
 
 
 def layouts_from_vgpu_device_manager(doc: Any, use: str = "mdev") -> tuple[dict[str, dict[str, Any]], list[Refusal]]:
@@ -159,35 +138,50 @@ def layouts_from_vgpu_device_manager(doc: Any, use: str = "mdev") -> tuple[dict[
     ``use="sriov_vgpu"`` then (docs/reference/formats.md)."""
     if use not in VGPU_USES:
         raise ValueError(f"use must be one of {', '.join(VGPU_USES)}, not {use!r}")
+
+    def fields(p: Problems, where: str, item: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+        instances = _vgpu_devices(p, where, item["vgpu-devices"])
+        return None if instances is None else ("vgpu", {"use": use, "instances": instances})
+
+    return _layouts(doc, "vgpu-configs", "vgpu-device-manager", _VGPU_ENTRY_KEYS, ("devices", "vgpu-devices"), fields)
+
+
+# What one entry makes of its GPUs: (name prefix, the fields after name and select), or None
+# when the entry was refused (its problems told to the Problems).
+_Fields = Callable[[Problems, str, dict[str, Any]], "tuple[str, dict[str, Any]] | None"]
+
+
+def _layouts(
+    doc: Any, key: str, tool: str, known: tuple[str, ...], required: tuple[str, ...], fields: _Fields
+) -> tuple[dict[str, dict[str, Any]], list[Refusal]]:
+    """Each config of the file -> a layout, one GPU entry per GPU each of its entries takes."""
     p = Problems()
     layouts: dict[str, dict[str, Any]] = {}
     total = 0
-    for name, path, items in _configs(p, doc, "vgpu-configs", "vgpu-device-manager"):
+    for name, path, items in _configs(p, doc, key, tool):
         gpus: list[dict[str, Any]] = []
         claims = _Claims()
         for i, item in enumerate(items):
             where = f"{path}[{i}]"
-            item = _entry_mapping(p, where, item, _VGPU_ENTRY_KEYS, ("devices", "vgpu-devices"))
+            item = _entry_mapping(p, where, item, known, required)
             if item is None:
                 continue
             targets = _targets(p, where, item)
-            instances = _vgpu_devices(p, where, item["vgpu-devices"])
-            if targets is None or instances is None:
+            made = fields(p, where, item)
+            if targets is None or made is None:
                 continue
             total += len(targets)
             if total > MAX_ENTRIES:
                 p.add(where, f"the file makes more than {MAX_ENTRIES} GPU entries", "split it into several files")
                 return {}, p.items
+            prefix, rest = made
             for target in targets:
-                if claims.take(p, where, target):
-                    gpus.append(
-                        {
-                            "name": f"vgpu-{target.suffix()}",
-                            "select": target.select,
-                            "use": use,
-                            "instances": dict(instances),
-                        }
-                    )
+                if not claims.take(p, where, target):
+                    break  # one clash told per entry, not one per index
+                # Each GPU its own mappings (of whole numbers): the caller may edit one entry.
+                entry = {"name": f"{prefix}-{target.suffix()}", "select": target.select}
+                entry.update({k: dict(v) if isinstance(v, dict) else v for k, v in rest.items()})
+                gpus.append(entry)
         layouts[name] = {"gpus": gpus}
     return ({}, p.items) if p else (layouts, [])
 
