@@ -712,7 +712,37 @@ def render_findings() -> str:
 
 # ---------------------------------------------------------------------------
 
+
+def host_schema() -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from gpuprov.model.schema import SCHEMA
+
+    return SCHEMA
+
+
+def render_host_schema_json() -> str:
+    return json.dumps(host_schema(), indent=2) + "\n"
+
+
+def render_host_schema() -> str:
+    schema = host_schema()
+    lines = [
+        HEADER.format(src="gpuprov/model/schema.py"),
+        "",
+        "# The host declaration's schema",
+        "",
+        "`gpuprov_host` and `gpuprov_layouts` (JSON Schema 2020-12:",
+        "[gpuprov-host.schema.json](gpuprov-host.schema.json), also printed by `gpuprov schema`).",
+        "The prose, with examples: [host-model.md](host-model.md).",
+        "",
+    ]
+    lines += table(["key", "type", "required", "description"], schema_rows(schema, "", schema["$defs"]))
+    return "\n".join(lines) + "\n"
+
+
 GENERATORS = {
+    "gpuprov-host.schema.json": render_host_schema_json,
+    "host-schema.md": render_host_schema,
     "modules.md": render_modules,
     "roles.md": render_roles,
     "cli.md": render_cli,

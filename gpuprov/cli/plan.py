@@ -90,12 +90,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..facts.host import gather
     from ..facts.sysfs import Sysfs
     from ..facts.vm_storage import rom_problems
+    from ..model.resolve import resolve
     from ..plan.base import Refusal
     from ..plan.vgpu import declared_mdevs
     from ..plan.vm_fit import check_declared_mdevs, cpu_count, plan_host
     from ..report import write_json
     from ..report.plan import plan_report
-    from ..rules.inputs import HOST_VARS_SETTINGS, validate_host_vars
+    from ..rules.inputs import HOST_VARS_SETTINGS
     from ..rules.validate import ROM_DIR, Problems
     from ..rules.vm_input import check_settings
     from .main import EXIT_NOT_READY, EXIT_OK, UsageError, host_root
@@ -107,9 +108,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     with host_root(args.root) as root:
         facts = gather(Sysfs(root))
-        host_vars, problems = validate_host_vars(doc, cpu_limit=cpu_count(facts))
-        if host_vars is not None:
-            settings, names = host_vars.settings, dict(HOST_VARS_SETTINGS)
+        model = resolve(doc, facts, cpu_limit=cpu_count(facts))
+        problems = model.problems
+        if not problems:
+            settings, names = model.settings, dict(HOST_VARS_SETTINGS if model.legacy else {})
             if args.reserved_memory_mib is not None:
                 settings.reserved_memory_mib = args.reserved_memory_mib
                 names["reserved_memory_mib"] = "--reserved-memory-mib"
@@ -121,16 +123,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
             flags = Problems()
             check_settings(settings, flags, names)
             problems = flags.items
-        if host_vars is None or problems:
+        if problems:
             raise UsageError(input_problems(args.vms, problems))
-        plan = plan_host(facts, host_vars.vm_list, host_vars.settings)
+        plan = plan_host(facts, model.vm_list, model.settings, path=model.vm_path, declared=model.checked_uses)
+        plan.refusals[:0] = model.refusals
+        plan.warnings[:0] = model.warnings
         for vm in plan.vms:
             for problem in rom_problems(vm, root) if vm.state != "absent" else []:
                 plan.refusals.append(Refusal(f"VM {vm.name}: {problem}", f"put the ROM file in {ROM_DIR} on the host"))
-    if host_vars.gpus:
-        # A host_vars file with the vGPU layout too: the VMs' mdevs must be the ones it makes.
-        declared, refusals = declared_mdevs(facts, host_vars.gpus)
-        plan.refusals.extend(refusals)
+    if model.layout:
+        # The vGPU layout too: the VMs' mdevs must be the ones it makes.
+        declared, refusals = declared_mdevs(facts, model.layout)
+        plan.refusals.extend(r for r in refusals if r not in plan.refusals)
         check_declared_mdevs(plan, declared)
     report = plan_report(plan, args.root)
     if args.json:

@@ -35,6 +35,7 @@ from ..rules.validate import (
     shown,
     text,
 )
+from .schema import LAYOUT_PATTERN
 
 FORMAT_VERSION = "v1"  # the only version either tool defines
 MAX_CONFIGS = 1024  # named configs in one file
@@ -48,7 +49,7 @@ MAX_PROFILES = 64  # profiles or vGPU types named for one GPU (a GPU offers a fe
 # A layout's name as mig-parted and vgpu-device-manager write theirs ("all-1g.10gb", "A100-4C").
 # Entry names are made here from "mig"/"host"/"vgpu" and the selector ("mig-0", "vgpu-all"):
 # they meet the host model's rule for a GPU's name, ^[a-z][a-z0-9_-]{0,31}$.
-LAYOUT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}")
+LAYOUT_NAME_RE = re.compile(LAYOUT_PATTERN.strip("^$"))  # the host model's rule for a layout's name
 
 # A device-filter is what NVML reports as the PCI device id: "0x" + device + vendor
 # (mig-parted's types.NewDeviceIDFromString), "0x20B010DE" is 10de:20b0.

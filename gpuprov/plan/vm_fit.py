@@ -46,7 +46,7 @@ from .vm_checks import (
     is_consumer_nvidia,
 )
 from .vm_place import check_totals, place
-from .vm_spec import HostPlan, HostSettings, Placement
+from .vm_spec import HostPlan, HostSettings, Placement, VmSpec
 
 
 def plan_host(
@@ -55,11 +55,14 @@ def plan_host(
     settings: HostSettings | None = None,
     *,
     path: str = "gpu_vms_list",
+    declared: dict[str, dict[str, str]] | None = None,
 ) -> HostPlan:
     """Check a host's whole VM list against its facts; place every VM. Pure.
 
     Entries and settings that break the input rules (:mod:`gpuprov.rules.validate`) are
-    refused first, each named by its field (``path[i].field``)."""
+    refused first, each named by its field (``path[i].field``). ``declared``: the host model's
+    address -> {use, entry} (:class:`gpuprov.model.resolve.HostModel`), checked by
+    :func:`check_declared_uses`; None: no declaration (a VM list alone)."""
     settings = settings or HostSettings()
     plan = HostPlan()
     problems = Problems()
@@ -89,6 +92,8 @@ def plan_host(
             placement.hide_kvm = any(is_consumer_nvidia(facts, g.address) for g in vm.gpus)
         else:
             placement.hide_kvm = vm.hide_kvm
+    if declared is not None:
+        check_declared_uses(facts, active, plan, declared)
     check_groups(facts, plan, ledger)
     check_whole_and_sliced(facts, active, plan, ledger)
     check_mdevs(facts, active, plan, ledger, settings)
@@ -97,6 +102,44 @@ def plan_host(
     for vm in plan.vms:
         plan.placements.setdefault(vm.name, Placement(node=None, cpus=None, hugepage_kib=None))
     return plan
+
+
+# What a VM's device must be declared as: a whole GPU, an mdev's parent, a VF's PF.
+_VM_DEVICE_USE = {"gpus": "passthrough", "mdevs": "mdev", "vfs": "sriov_vgpu"}
+
+
+def check_declared_uses(
+    facts: HostFacts, vms: list[VmSpec], plan: HostPlan, declared: dict[str, dict[str, str]]
+) -> None:
+    """Every VM device against the host's declaration: a whole GPU only from a ``use: passthrough``
+    entry (libvirt's managed='yes' would take a ``use: host`` GPU from the host when the VM
+    starts), an mdev only on a ``use: mdev`` parent, a VF only of a ``use: sriov_vgpu`` PF; a
+    device the declaration lacks is refused too (docs/reference/host-model.md)."""
+    for vm in vms:
+        devices = [("gpus", g.address) for g in vm.gpus] + [("mdevs", m.parent) for m in vm.mdevs]
+        for vf in vm.vfs:
+            dev = facts.pci.get(vf.address)
+            devices.append(("vfs", dev.physfn if dev is not None and dev.physfn else vf.address))
+        for kind, address in devices:
+            want = _VM_DEVICE_USE[kind]
+            entry = declared.get(address)
+            if entry is None:
+                plan.refusals.append(
+                    Refusal(
+                        f"VM {vm.name}: {address} is not declared in the host's GPUs",
+                        f"declare it (use: {want}) in gpuprov_host.gpus, or give the VM a declared one",
+                        address,
+                    )
+                )
+            elif entry["use"] != want:
+                plan.refusals.append(
+                    Refusal(
+                        f"VM {vm.name}: {address} is {entry['entry']}, declared use: {entry['use']}; "
+                        f"the VM's {kind} need use: {want}",
+                        f"declare it use: {want}, or give the VM another device",
+                        address,
+                    )
+                )
 
 
 def cpu_count(facts: HostFacts) -> int | None:

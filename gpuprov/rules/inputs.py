@@ -106,6 +106,15 @@ def _vm_list(
     return merged
 
 
+def vm_list_problems(
+    vms: list[Any], defaults: Any, path: str, defaults_path: str, cpu_limit: int | None
+) -> tuple[list[dict[str, Any]], list[Refusal]]:
+    """A VM list (``defaults`` merged under each entry) and every problem of it (the host model's VMs)."""
+    p = Problems()
+    merged = _vm_list(p, vms, _defaults(p, defaults, defaults_path), path, defaults_path, cpu_limit)
+    return merged, p.items
+
+
 def _defaults(p: Problems, value: Any, path: str) -> dict[str, Any]:
     if value is None:
         return {}

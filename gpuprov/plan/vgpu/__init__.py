@@ -62,7 +62,7 @@ from ...facts.vgpu_inputs import (
 )
 from .checks import mixed_types_refusal
 from .config import SCHEDULERS, USES, Entry, VgpuPlan, VgpuRequest, derived_uuid, parse_gpus
-from .mdev import declared_mdevs, mdevctl_definition
+from .mdev import declared_mdevs, mdev_uuids, mdevctl_definition
 from .mig import fit
 from .persistence import boot_unit, mdevctl_rule_fix
 from .plan import plan_host, plan_vgpu, read_host
@@ -89,6 +89,7 @@ __all__ = [
     "declared_mdevs",
     "derived_uuid",
     "fit",
+    "mdev_uuids",
     "mdevctl_definition",
     "mdevctl_rule_fix",
     "mixed_types_refusal",

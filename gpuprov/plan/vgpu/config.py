@@ -111,6 +111,15 @@ class VgpuPlan(Plan):
         }
 
 
+def type_name_key(name: str | None) -> str:
+    """A vGPU type's name for matching: case-folded, without the "NVIDIA " / "GRID " sysfs puts
+    before it, so vgpu-device-manager's "A100-4C" names sysfs's "NVIDIA A100-4C"."""
+    text = (name or "").strip().lower()
+    for prefix in ("nvidia ", "grid "):
+        text = text.removeprefix(prefix)
+    return text
+
+
 def derived_uuid(parent: str, type_id: str, rank: int) -> str:
     """The UUID of the ``rank``-th UUID-less ``type_id`` entry on ``parent``: the same on every run."""
     return str(uuidlib.uuid5(_MDEV_NAMESPACE, f"{parent}/{type_id}/{rank}"))

@@ -17,7 +17,7 @@ from ..base import (
     sysfs_write,
 )
 from .checks import _in_use, _in_use_unknown, _mdev_users, _mixed
-from .config import NVIDIA, Entry, MdevWant, VgpuPlan, VgpuRequest, _problem, derived_uuid, parse_gpus
+from .config import NVIDIA, Entry, MdevWant, VgpuPlan, VgpuRequest, _problem, derived_uuid, parse_gpus, type_name_key
 from .state import Managed
 
 
@@ -25,7 +25,7 @@ def _resolve_mdev_type(parent: MdevParent, ref: str) -> tuple[MdevType | None, s
     if ref in parent.types:
         return parent.types[ref], None
     named = [t for t in parent.types.values() if t.name == ref] or [
-        t for t in parent.types.values() if (t.name or "").lower() == ref.lower()
+        t for t in parent.types.values() if type_name_key(t.name) == type_name_key(ref)
     ]
     if len(named) == 1:
         return named[0], None
@@ -87,6 +87,16 @@ def declared_mdevs(facts: HostFacts, gpus: Any) -> tuple[dict[str, dict[str, str
     plan = Plan()
     wanted = _resolve_mdevs(facts, [e for e in parse_gpus(gpus, plan) if e.use == "mdev"], plan)
     return {str(w.uuid): {"parent": w.parent, "type": str(w.type_id)} for w in wanted}, plan.refusals
+
+
+def mdev_uuids(facts: HostFacts, gpus: Any) -> tuple[dict[str, list[tuple[str, str] | None]], list[Refusal]]:
+    """Parent -> (UUID, type directory) of each mdev ``gpus`` (gpuprov_gpus) declares on it, in order (None: its
+    type is not offered), as vgpu_host makes them; and the problems. The host model
+    (:mod:`gpuprov.model.resolve`) gives VMs these, so a VM's mdev and the layout's are one."""
+    plan = Plan()
+    entries = [e for e in parse_gpus(gpus, plan) if e.use == "mdev"]
+    _resolve_mdevs(facts, entries, plan)  # fills each want's uuid (given or derived) in place
+    return {e.key: [(str(w.uuid), w.type_id) if w.type_id else None for w in e.mdevs] for e in entries}, plan.refusals
 
 
 def _plan_mdevs(

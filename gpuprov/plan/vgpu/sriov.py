@@ -9,7 +9,7 @@ from ..base import (
     sysfs_write,
 )
 from .checks import _cmd, _in_use, _in_use_unknown, _mixed, _pci_users
-from .config import Entry, VgpuPlan, VgpuRequest, _problem
+from .config import Entry, VgpuPlan, VgpuRequest, _problem, type_name_key
 from .state import Managed
 
 
@@ -22,14 +22,14 @@ def _type_names(facts: HostFacts, pf: str, managed: Managed) -> dict[int, str]:
     return names
 
 
-def _resolve_vgpu_type(ref: str | int, names: dict[int, str]) -> int | None:
+def resolve_vgpu_type(ref: str | int, names: dict[int, str]) -> int | None:
     if isinstance(ref, int) or str(ref).strip().isdigit():
         return int(ref)
     text = str(ref).strip()
     for tid, name in names.items():
         if name == text:
             return tid
-    matches = [tid for tid, name in names.items() if name.lower() == text.lower()]
+    matches = [tid for tid, name in names.items() if type_name_key(name) == type_name_key(text)]
     return matches[0] if len(matches) == 1 else None
 
 
@@ -156,7 +156,7 @@ def _plan_sriov_entry(
                 address,
             )
             continue
-        tid = _resolve_vgpu_type(want.type_ref, names)
+        tid = resolve_vgpu_type(want.type_ref, names)
         if tid is None or (tid not in names and tid != state.current_type):
             known = ", ".join(f"{k} ({v})" for k, v in sorted(names.items())) or "none creatable now"
             _problem(

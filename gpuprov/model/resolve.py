@@ -1,0 +1,513 @@
+"""One model of a host: its declaration (``gpuprov_host``, ``gpuprov_layouts``) resolved against its facts.
+
+:func:`resolve` is the one boundary every reader goes through: ``gpuprov plan``, ``gpuprov
+inspect --declaration``, the module ``gpu_host_model`` (whose result the roles take). From one
+declaration it derives everything the stages need (docs/reference/host-model.md):
+
+- each GPU entry's PCI addresses (by address, or a selector resolved against the facts), checked
+  against its id guard (``expect``), each address claimed by one entry only;
+- ``vfio_devices``: the ``use: passthrough`` GPUs (role vfio_host);
+- ``layout``: the vGPU layout in gpuprov_gpus form (role vgpu_host, module gpu_vgpu), every mdev
+  with its UUID (one scheme: :func:`gpuprov.plan.vgpu.mdev_uuids`, the one vgpu_host makes);
+- ``vm_list``: each VM with the addresses, mdevs and VFs its names stand for (role gpu_vms);
+- ``declared``: address -> its use and entry, which :func:`gpuprov.plan.vm_fit.plan_host` checks
+  every VM's devices against (a VM gets a whole GPU only with ``use: passthrough``).
+
+The old variables (``gpuprov_gpus``, ``gpu_vms_list``, ``vfio_host_devices``) are read by
+:func:`gpuprov.model.legacy.from_legacy` into the same model, with a deprecation warning.
+
+``problems`` are input errors (the file breaks the schema or the field rules: ``gpuprov plan``
+exits 2); ``refusals`` are the declaration against this host (exit 3). Pure; standard library
+only (ships to targets with the modules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..facts.host import HostFacts
+from ..facts.pci import PciAddressError, normalize_address
+from ..plan.base import Refusal
+from ..plan.vgpu import mdev_uuids
+from ..plan.vgpu.sriov import resolve_vgpu_type
+from ..plan.vm_spec import HostSettings
+from ..rules.validate import shown
+from .schema import check
+
+NVIDIA = 0x10DE
+VGPU_USES = ("mdev", "sriov_vgpu")
+HOST_SETTINGS = ("reserved_memory_mib", "reserved_cpus", "mixed_vgpu_types")
+
+
+@dataclass
+class Instance:
+    """A vGPU instance a VM can be given by name."""
+
+    name: str
+    gpu: str  # its entry's name
+    parent: str  # the GPU's address (or a non-PCI mdev parent's name)
+    type: str | int  # as declared
+    uuid: str | None = None  # mdev: given or derived (the layout's scheme)
+    type_id: str | int | None = None  # mdev: the type directory; sriov_vgpu: the numeric vGPU type
+    vf: str | None = None  # sriov_vgpu: the VF it is set on
+
+
+@dataclass
+class DeclaredGpu:
+    name: str
+    use: str
+    where: str  # how messages name it: gpuprov_host.gpus[1] 'train'
+    addresses: list[str] = field(default_factory=list)
+    instances: list[Instance] = field(default_factory=list)
+    mig: Any = None
+
+
+@dataclass
+class HostModel:
+    gpus: list[DeclaredGpu] = field(default_factory=list)
+    layout: dict[str, dict[str, Any]] = field(default_factory=dict)  # gpuprov_gpus form
+    vfio_devices: list[str] = field(default_factory=list)
+    vm_list: list[dict[str, Any]] = field(default_factory=list)  # gpu_vms_list form, defaults merged
+    vm_path: str = "gpuprov_host.vms"
+    settings: HostSettings = field(default_factory=HostSettings)
+    declared: dict[str, dict[str, str]] = field(default_factory=dict)  # address -> {use, entry}
+    problems: list[Refusal] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    legacy: bool = False
+
+    @property
+    def checked_uses(self) -> dict[str, dict[str, str]] | None:
+        """What VMs' devices are checked against; None for an old-style VM list without gpuprov_gpus."""
+        return None if self.legacy and not self.layout else self.declared
+
+    def derived(self) -> dict[str, Any]:
+        """What the roles take (the module gpu_host_model's ``gpuprov_model`` fact)."""
+        return {
+            "vfio_devices": self.vfio_devices,
+            "gpus": self.layout,
+            "vms": self.vm_list,
+            "declared": self.declared,
+            "settings": asdict(self.settings),
+            "names": {g.name: g.addresses for g in self.gpus},
+            "instances": {i.name: asdict(i) for g in self.gpus for i in g.instances},
+            "legacy": self.legacy,
+            "warnings": self.warnings,
+        }
+
+
+def is_declaration(doc: Any) -> bool:
+    return isinstance(doc, dict) and "gpuprov_host" in doc
+
+
+def resolve(doc: Any, facts: HostFacts, *, cpu_limit: int | None = None) -> HostModel:
+    """A host's variables (a host_vars file, or the module's options) -> its model on ``facts``."""
+    if not is_declaration(doc):
+        from .legacy import from_legacy
+
+        return from_legacy(doc, facts, cpu_limit=cpu_limit)
+    model = HostModel()
+    doc = {k: v for k, v in doc.items() if k in ("gpuprov_host", "gpuprov_layouts")}
+    doc = _convert_layouts(doc, model)
+    model.problems.extend(check(doc, "(the file)").items)
+    if model.problems:
+        return model
+    host = doc["gpuprov_host"] or {}
+    entries = _entries(host, doc.get("gpuprov_layouts") or {}, model)
+    if model.problems:
+        return model
+    _claim(facts, entries, model)
+    _instances(facts, model, {e["name"]: e for _, e in entries})
+    model.vfio_devices = [a for g in model.gpus if g.use == "passthrough" for a in g.addresses]
+    model.settings = host_settings(host, {k: f"gpuprov_host.{k}" for k in HOST_SETTINGS}, model)
+    _vms(host, model, cpu_limit)
+    return model
+
+
+def host_settings(values: dict[str, Any], names: dict[str, str], model: HostModel) -> HostSettings:
+    """The host settings from ``values`` (keys of HOST_SETTINGS), checked; ``names``: how messages name them."""
+    from ..rules.validate import Problems
+    from ..rules.vm_input import check_settings
+
+    reserved = values.get("reserved_cpus", "0")
+    settings = HostSettings(
+        reserved_memory_mib=values.get("reserved_memory_mib"),
+        reserved_cpus="" if reserved is None else reserved,
+        mixed_vgpu_types=values.get("mixed_vgpu_types", False),
+    )
+    p = Problems()
+    check_settings(settings, p, names)
+    model.problems.extend(p.items)
+    return settings
+
+
+# ---------------------------------------------------------------- GPU entries
+
+
+def _convert_layouts(doc: dict[str, Any], model: HostModel) -> dict[str, Any]:
+    """gpuprov_layouts given as a mig-parted or vgpu-device-manager file: its configs become layouts."""
+    layouts = doc.get("gpuprov_layouts")
+    try:
+        from . import formats
+    except ImportError:  # pragma: no cover - formats ships with the model
+        return doc
+    if formats.is_mig_parted(layouts):
+        converted, problems = formats.layouts_from_mig_parted(layouts)
+    elif formats.is_vgpu_device_manager(layouts):
+        converted, problems = formats.layouts_from_vgpu_device_manager(layouts)
+    else:
+        return doc
+    model.problems.extend(problems)
+    return {**doc, "gpuprov_layouts": converted}
+
+
+def _entries(host: dict[str, Any], layouts: dict[str, Any], model: HostModel) -> list[tuple[str, dict[str, Any]]]:
+    """(where, entry): the picked layout's GPUs, then the host's own (a same name replaces)."""
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    name = host.get("layout")
+    if name is not None:
+        if name not in layouts:
+            known = ", ".join(sorted(layouts)) or "none"
+            model.problems.append(
+                Refusal(f"gpuprov_host.layout: no layout {name!r} in gpuprov_layouts", f"layouts: {known}")
+            )
+            return []
+        for i, entry in enumerate(layouts[name]["gpus"]):
+            out[entry["name"]] = (f"gpuprov_layouts.{name}.gpus[{i}] {entry['name']!r}", entry)
+    own: set[str] = set()
+    for i, entry in enumerate(host.get("gpus") or []):
+        where = f"gpuprov_host.gpus[{i}] {entry['name']!r}"
+        if entry["name"] in own:
+            model.problems.append(Refusal(f"{where}: the name is used twice", "give each GPU entry its own name"))
+        own.add(entry["name"])
+        out[entry["name"]] = (where, entry)
+    for where, entry in out.values():
+        _entry_shape(where, entry, model)
+    return list(out.values())
+
+
+def _entry_shape(where: str, entry: dict[str, Any], model: HostModel) -> None:
+    if ("address" in entry) == ("select" in entry):
+        model.problems.append(
+            Refusal(f"{where}: give exactly one of address and select", 'address: "0000:41:00.0", or select: all')
+        )
+    use = entry["use"]
+    if "instances" in entry and use not in VGPU_USES:
+        model.problems.append(Refusal(f"{where}: instances is for use: mdev or sriov_vgpu, not {use}", None))
+    if "mig" in entry and use != "mig":
+        model.problems.append(Refusal(f"{where}: mig is for use: mig, not {use}", None))
+    address = entry.get("address")
+    if isinstance(address, str) and ":" not in address and use != "mdev":
+        model.problems.append(
+            Refusal(f"{where}: address {address!r} is not a PCI address", "only use: mdev takes a parent's name")
+        )
+
+
+def _nvidia_gpus(facts: HostFacts) -> list[str]:
+    """NVIDIA display-class physical functions, in PCI address order (nvidia-smi's index order)."""
+    return sorted(
+        a for a, d in facts.pci.items() if d.vendor_id == NVIDIA and d.base_class == 0x03 and d.physfn is None
+    )
+
+
+def _matches(facts: HostFacts, select: Any) -> tuple[list[str], bool]:
+    """The addresses a selector picks, and whether it picks regardless of other entries (an index)."""
+    gpus = _nvidia_gpus(facts)
+    if select == "all":
+        return gpus, False
+    if isinstance(select, str):  # vendor:device: any endpoint with that id (the lab's stand-ins too)
+        return sorted(
+            a for a, d in facts.pci.items() if d.id_pair == select and d.physfn is None and not d.is_bridge
+        ), False
+    if "index" in select:
+        return ([gpus[select["index"]]] if select["index"] < len(gpus) else []), True
+    text = select["model"].lower()
+    return [a for a in gpus if text in (facts.pci[a].name or "").lower()], False
+
+
+def _id_text(facts: HostFacts, address: str, full: bool) -> str:
+    d = facts.pci[address]
+    ids = [d.vendor_id, d.device_id] + ([d.subsystem_vendor_id, d.subsystem_device_id] if full else [])
+    return ":".join("????" if i is None else f"{i:04x}" for i in ids)
+
+
+def _guard(facts: HostFacts, gpu: DeclaredGpu, expect: str | None, model: HostModel) -> None:
+    """The id guard: the hardware at each address is what the declaration expects."""
+    if expect is None:
+        return
+    for address in gpu.addresses:
+        if address not in facts.pci:
+            continue
+        found = _id_text(facts, address, full=expect.count(":") == 3)
+        if found != expect:
+            model.refusals.append(
+                Refusal(
+                    f"{gpu.where}: {address} is {found}, but expect says {expect}: the hardware changed or the "
+                    "bus was renumbered",
+                    "check the host (`gpuprov inspect --all`), then fix the entry's address or expect",
+                    address,
+                )
+            )
+
+
+def _claim(facts: HostFacts, entries: list[tuple[str, dict[str, Any]]], model: HostModel) -> None:
+    """Addresses first, then selectors in order over what is left; an address claimed twice is refused."""
+    claimed: dict[str, str] = {}
+    gpus: dict[str, DeclaredGpu] = {}
+
+    def take(gpu: DeclaredGpu, address: str) -> None:
+        if address in claimed:
+            model.refusals.append(
+                Refusal(
+                    f"{gpu.where}: {address} is already {claimed[address]}'s",
+                    "declare each GPU in one entry",
+                    address,
+                )
+            )
+            return
+        claimed[address] = gpu.where
+        gpu.addresses.append(address)
+
+    for where, entry in entries:
+        gpu = DeclaredGpu(entry["name"], entry["use"], where, mig=entry.get("mig"))
+        gpus[entry["name"]] = gpu
+        if "address" not in entry:
+            continue
+        raw = entry["address"]
+        if ":" not in raw:  # a non-PCI mdev parent
+            if raw not in facts.mdev_parents:
+                _no_device(gpu, raw, facts, model)
+            else:
+                take(gpu, raw)
+            continue
+        try:
+            address = normalize_address(raw)
+        except PciAddressError as exc:
+            model.problems.append(Refusal(f"{where}: address: {exc}", 'e.g. "0000:41:00.0"'))
+            continue
+        if address not in facts.pci:
+            _no_device(gpu, address, facts, model)
+            continue
+        take(gpu, address)
+    for where, entry in entries:
+        if "select" not in entry:
+            continue
+        gpu = gpus[entry["name"]]
+        found, fixed = _matches(facts, entry["select"])
+        for address in found:
+            if fixed or address not in claimed:
+                take(gpu, address)
+        if not found:
+            here = ", ".join(f"{a} ({_id_text(facts, a, False)})" for a in _nvidia_gpus(facts)) or "none"
+            model.refusals.append(
+                Refusal(
+                    f"{where}: select {shown(entry['select'])} matches no GPU on this host (NVIDIA GPUs: {here})",
+                    "fix the selector, or give this host another layout",
+                )
+            )
+    for where, entry in entries:
+        gpu = gpus[entry["name"]]
+        _guard(facts, gpu, entry.get("expect"), model)
+        for address in gpu.addresses:
+            model.declared[address] = {"use": gpu.use, "entry": where}
+        model.gpus.append(gpu)
+
+
+def _no_device(gpu: DeclaredGpu, address: str, facts: HostFacts, model: HostModel) -> None:
+    model.refusals.append(
+        Refusal(
+            f"{gpu.where}: no device {address} on this host ({len(facts.pci)} PCI devices)",
+            "check the address with `gpuprov inspect --all` or `lspci -D`: the bus may have been renumbered",
+            address,
+        )
+    )
+
+
+# ---------------------------------------------------------------- instances
+
+
+def _wanted(entry: dict[str, Any] | None, gpu: DeclaredGpu, model: HostModel) -> list[dict[str, Any]]:
+    """One GPU's instances as a list of {type, name?, uuid?, vf?} (counts expanded)."""
+    raw = (entry or {}).get("instances") or []
+    if isinstance(raw, dict):
+        return [{"type": t} for t, n in raw.items() for _ in range(n)]
+    if len(gpu.addresses) > 1 and any("name" in i or "uuid" in i or "vf" in i for i in raw):
+        model.refusals.append(
+            Refusal(
+                f"{gpu.where}: named, UUID'd or VF-pinned instances need an entry of one GPU "
+                f"({len(gpu.addresses)} selected)",
+                "give the instances as counts, or split the entry by address",
+            )
+        )
+        return []
+    return [dict(i) for i in raw]
+
+
+def _instances(facts: HostFacts, model: HostModel, entries: dict[str, dict[str, Any]]) -> None:
+    """Each vGPU GPU's instances, named, with their UUIDs (mdev) or VFs (sriov_vgpu); the layout."""
+    names = {g.name for g in model.gpus}
+    for gpu in model.gpus:
+        raw = entries.get(gpu.name)
+        count = 0
+        for address in gpu.addresses:
+            layout: dict[str, Any] = {"use": gpu.use}
+            wants = _wanted(raw, gpu, model) if gpu.use in VGPU_USES else []
+            vfs = sorted(facts.pci[address].virtfns) if address in facts.pci else []
+            for k, want in enumerate(wants):
+                name = want.get("name") or f"{gpu.name}.{count}"
+                count += 1
+                if name in names:
+                    model.refusals.append(
+                        Refusal(f"{gpu.where}: instance name {name!r} is taken", "give each instance its own name")
+                    )
+                    continue
+                names.add(name)
+                vf = want.get("vf") or (vfs[k] if gpu.use == "sriov_vgpu" and k < len(vfs) else None)
+                gpu.instances.append(Instance(name, gpu.name, address, want["type"], want.get("uuid"), vf=vf))
+            if gpu.use == "mdev":
+                layout["mdevs"] = [
+                    {"type": i.type} | ({"uuid": i.uuid} if i.uuid else {})
+                    for i in gpu.instances
+                    if i.parent == address
+                ]
+            elif gpu.use == "sriov_vgpu":
+                mine = [i for i in gpu.instances if i.parent == address]
+                layout["vgpus"] = [{"type": i.type} | ({"vf": i.vf} if i.vf else {}) for i in mine]
+            elif gpu.use == "mig":
+                layout["mig"] = gpu.mig if gpu.mig is not None else []
+            model.layout[address] = layout
+    _mdev_uuids(facts, model)
+    _vgpu_types(facts, model)
+
+
+def _mdev_uuids(facts: HostFacts, model: HostModel) -> None:
+    """The layout's UUIDs (given or derived as vgpu_host derives them), written into the layout and
+    the instances alike: the VM's mdev and the layout's are one."""
+    mdev_layout = {a: e for a, e in model.layout.items() if e["use"] == "mdev"}
+    if not mdev_layout:
+        return
+    uuids, refusals = mdev_uuids(facts, mdev_layout)
+    for r in refusals:  # named by the entry that declared the parent
+        entry = model.declared.get(r.device or "", {}).get("entry")
+        model.refusals.append(Refusal(f"{entry}: {r.message}" if entry else r.message, r.fix, r.device))
+    for gpu in model.gpus:
+        on: dict[str, int] = {}
+        for inst in gpu.instances:
+            if gpu.use != "mdev":
+                continue
+            k = on.get(inst.parent, 0)
+            on[inst.parent] = k + 1
+            found = (uuids.get(inst.parent) or [])[k : k + 1]
+            if found and found[0] is not None:
+                inst.uuid, inst.type_id = found[0]
+                model.layout[inst.parent]["mdevs"][k]["uuid"] = inst.uuid
+
+
+def _vgpu_types(facts: HostFacts, model: HostModel) -> None:
+    """sriov_vgpu instances: the numeric type (given, or its name among the PF's VFs' types, as
+    gpu_vgpu resolves it)."""
+    for gpu in model.gpus:
+        if gpu.use != "sriov_vgpu":
+            continue
+        for inst in gpu.instances:
+            offered: dict[int, str] = {}
+            for vf in facts.pci[inst.parent].virtfns if inst.parent in facts.pci else []:
+                state = facts.vgpu_vfs.get(vf)
+                offered.update(state.creatable if state else {})
+            inst.type_id = resolve_vgpu_type(inst.type, offered)
+
+
+# ---------------------------------------------------------------- VMs
+
+
+def _vms(host: dict[str, Any], model: HostModel, cpu_limit: int | None) -> None:
+    from ..rules.inputs import vm_list_problems
+
+    by_gpu = {g.name: g for g in model.gpus}
+    by_instance = {i.name: (g, i) for g in model.gpus for i in g.instances}
+    vms = []
+    for i, vm in enumerate(host.get("vms") or []):
+        where = f"gpuprov_host.vms[{i}] {vm.get('name')!r}"
+        out = {k: v for k, v in vm.items() if k != "gpus"}
+        gpus: list[Any] = []
+        mdevs: list[dict[str, Any]] = []
+        vfs: list[dict[str, Any]] = []
+        for j, ref in enumerate(vm.get("gpus") or []):
+            name, rom = (ref["name"], ref.get("rom")) if isinstance(ref, dict) else (ref, None)
+            for address in _gpu_ref(model, by_gpu, by_instance, f"{where}: gpus[{j}]", name, mdevs, vfs):
+                gpus.append(address if rom is None else {"address": address, "rom": rom})
+        if "gpus" in vm:
+            out["gpus"] = gpus
+        if mdevs:
+            out["mdevs"] = mdevs
+        if vfs:
+            out["vfs"] = vfs
+        vms.append(out)
+    model.vm_list, problems = vm_list_problems(
+        vms, host.get("vm_defaults"), "gpuprov_host.vms", "gpuprov_host.vm_defaults", cpu_limit
+    )
+    model.problems.extend(problems)
+
+
+def _gpu_ref(
+    model: HostModel,
+    by_gpu: dict[str, DeclaredGpu],
+    by_instance: dict[str, tuple[DeclaredGpu, Instance]],
+    where: str,
+    ref: str,
+    mdevs: list[dict[str, Any]],
+    vfs: list[dict[str, Any]],
+) -> list[str]:
+    """A VM's reference -> the whole GPUs' addresses it stands for; instances go to ``mdevs``/``vfs``."""
+    name, _, index = ref.partition("[")
+    if name in by_gpu and (index or "." not in ref):
+        gpu = by_gpu[name]
+        if gpu.use != "passthrough":
+            hint = (
+                "name one of its instances (" + ", ".join(i.name for i in gpu.instances[:4]) + ")"
+                if gpu.instances
+                else "declare it use: passthrough, or give the VM another GPU"
+            )
+            model.refusals.append(
+                Refusal(
+                    f"{where}: {ref!r} is {gpu.where}, declared use: {gpu.use}; a VM gets a whole GPU only with "
+                    "use: passthrough",
+                    hint,
+                )
+            )
+            return []
+        if not index:
+            return list(gpu.addresses)
+        j = int(index.rstrip("]"))
+        if j >= len(gpu.addresses):
+            model.refusals.append(
+                Refusal(f"{where}: {ref!r}: {gpu.where} selects {len(gpu.addresses)} GPU(s)", "count from 0")
+            )
+            return []
+        return [gpu.addresses[j]]
+    if ref in by_instance:
+        gpu, inst = by_instance[ref]
+        if gpu.use == "mdev":
+            if inst.uuid is None or inst.type_id is None:
+                return []  # the layout's refusal names the type the host does not offer
+            mdevs.append({"parent": inst.parent, "type": inst.type_id, "uuid": inst.uuid})
+        elif inst.vf is None or inst.type_id is None:
+            model.refusals.append(
+                Refusal(
+                    f"{where}: instance {ref!r} of {gpu.where} has no VF or vGPU type known yet "
+                    f"(type {inst.type!r}; {inst.parent} shows no VF offering it)",
+                    "run the vgpu stage first (it enables the VFs), or pin the instance's vf and give the type's ID",
+                )
+            )
+        else:
+            vfs.append({"address": inst.vf, "vgpu_type": inst.type_id})
+        return []
+    known = sorted([*by_gpu, *by_instance])
+    model.refusals.append(
+        Refusal(
+            f"{where}: {ref!r} names no GPU or instance declared in gpuprov_host.gpus",
+            f"declared: {', '.join(known[:12]) or 'none'}{' ...' if len(known) > 12 else ''}",
+        )
+    )
+    return []

@@ -1,0 +1,309 @@
+"""The host model (gpuprov/model): one declaration, resolved against a host's facts, honoured by
+`gpuprov plan` (and through plan_host by gpu_vm). docs/reference/host-model.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from gpuprov.cli.main import main
+from gpuprov.facts.host import HostFacts, gather
+from gpuprov.facts.sysfs import Sysfs
+from gpuprov.model.resolve import resolve
+from gpuprov.model.schema import SCHEMA, check
+from tests.conftest import tree_digest
+from tests.fakehost import FakeHost
+from tests.vmhosts import GIB_KIB, add_numa
+
+H100 = ["0000:41:00.0", "0000:61:00.0", "0000:81:00.0", "0000:c1:00.0"]
+CONSOLE = "0000:01:00.0"
+VGPU = "0000:a1:00.0"
+SRIOV = "0000:b1:00.0"
+
+
+def build_host(root: Path) -> Path:
+    """A host with a console GPU, four H100s (each behind its own root port and group), an mdev
+    GPU offering nvidia-474/475 and an SR-IOV PF with two VFs offering types 557/558."""
+    fake = FakeHost(root)
+    fake.pci("0000:00:00.0", cls=0x060000, vendor=0x8086, device=0x1234, group=0, numa_node=0)
+    fake.pci(CONSOLE, cls=0x030000, device=0x1EB1, group=1, numa_node=0, driver="nvidia", boot_vga=True)
+    for i, address in enumerate(H100):
+        port = f"0000:{int(address[5:7], 16) - 1:02x}:01.0"
+        fake.pci(port, cls=0x060400, vendor=0x8086, device=0x2345, group=10 + 2 * i, numa_node=0, driver="pcieport")
+        fake.pci(address, cls=0x030200, parent=port, group=11 + 2 * i, numa_node=0, driver="vfio-pci")
+    fake.pci(VGPU, cls=0x030200, device=0x20B0, group=30, numa_node=0, driver="nvidia")
+    fake.mdev_types(VGPU, {"nvidia-474": ("GRID A100-4C", 4), "nvidia-475": ("GRID A100-8C", 2)})
+    fake.pci(SRIOV, cls=0x030200, device=0x20B5, group=31, numa_node=0, driver="nvidia", sriov_totalvfs=16)
+    for i, fn in enumerate((4, 5)):
+        vf = f"0000:b1:00.{fn}"
+        fake.pci(vf, cls=0x030200, device=0x20B5, group=32 + i, numa_node=0, physfn=SRIOV, driver="nvidia")
+        fake.vgpu_vf(vf, {557: "NVIDIA A100-4C", 558: "NVIDIA A100-8C"}, 0)
+    add_numa(fake, [("0-31", 256 * GIB_KIB, {})])
+    return fake.finish()
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_host(tmp_path_factory.mktemp("model-host"))
+
+
+@pytest.fixture(scope="module")
+def facts(host: Path) -> HostFacts:
+    return gather(Sysfs(str(host)))
+
+
+def declaration(gpus: list[dict[str, Any]], vms: list[dict[str, Any]] | None = None, **host: Any) -> dict[str, Any]:
+    return {"gpuprov_host": {"gpus": gpus, "vms": vms or [], "reserved_cpus": "", **host}}
+
+
+WHOLE = [
+    {"name": "console", "address": CONSOLE, "use": "host"},
+    {"name": "train", "select": "10de:2330", "use": "passthrough"},
+]
+
+
+def vm(name: str, *gpus: Any) -> dict[str, Any]:
+    return {"name": name, "memory_mib": 1024, "vcpus": 1, "gpus": list(gpus)}
+
+
+def plan(tmp_path: Path, host: Path, doc: Any, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+    """`gpuprov plan --json` on the declaration; the host tree is unchanged."""
+    path = tmp_path / "host.yml"
+    path.write_text(yaml.safe_dump(doc))
+    before = tree_digest(host)
+    rc = main(["plan", str(path), "--root", str(host), "--json"])
+    out = capsys.readouterr()
+    assert tree_digest(host) == before
+    return rc, (json.loads(out.out) if rc != 2 else {"stderr": out.err})
+
+
+# ---------------------------------------------------------------- what a VM may be given
+
+
+@pytest.mark.parametrize("use", ["host", "mig", "mdev"])
+def test_a_vm_given_a_gpu_not_for_passthrough_is_refused_naming_the_entry(tmp_path, host, capsys, use) -> None:
+    gpus = [{"name": "shared", "address": H100[0], "use": use}]
+    rc, report = plan(tmp_path, host, declaration(gpus, [vm("a", "shared")]), capsys)
+    assert rc == 3
+    messages = [r["message"] for r in report["refusals"]]
+    assert any("gpuprov_host.gpus[0] 'shared'" in m and f"use: {use}" in m for m in messages), messages
+
+
+def test_the_same_file_with_passthrough_is_accepted(tmp_path, host, capsys) -> None:
+    gpus = [{"name": "shared", "address": H100[0], "use": "passthrough"}]
+    rc, report = plan(tmp_path, host, declaration(gpus, [vm("a", "shared")]), capsys)
+    assert (rc, report["refusals"]) == (0, [])
+    assert report["vms"][0]["placement"]["pci_slots"] == [[H100[0]]]
+
+
+def test_the_old_variables_get_the_same_verdict_with_a_deprecation_warning(tmp_path, host, capsys) -> None:
+    doc = {
+        "gpuprov_gpus": {CONSOLE: {"use": "host"}, H100[0]: {"use": "passthrough"}},
+        "gpu_vms_list": [vm("a", CONSOLE)],
+        "gpu_vms_reserved_cpus": "",
+    }
+    rc, report = plan(tmp_path, host, doc, capsys)
+    assert rc == 3
+    assert any(f"gpuprov_gpus['{CONSOLE}'], declared use: host" in r["message"] for r in report["refusals"])
+    assert any("deprecated" in w for w in report["warnings"])
+    doc["gpu_vms_list"] = [vm("a", H100[0])]
+    rc, report = plan(tmp_path, host, doc, capsys)
+    assert (rc, report["refusals"]) == (0, [])
+
+
+def test_an_undeclared_name_is_refused(tmp_path, host, capsys) -> None:
+    rc, report = plan(tmp_path, host, declaration(WHOLE, [vm("a", "trian")]), capsys)
+    assert rc == 3
+    assert "'trian' names no GPU or instance declared" in report["refusals"][0]["message"]
+    assert "train" in report["refusals"][0]["fix"]
+
+
+# ---------------------------------------------------------------- selectors and the id guard
+
+
+def test_a_selector_resolves_every_gpu_it_matches(facts) -> None:
+    model = resolve(declaration(WHOLE, [vm("big", "train")]), facts)
+    assert (model.problems, model.refusals) == ([], [])
+    assert [g.addresses for g in model.gpus] == [[CONSOLE], H100]
+    assert model.vfio_devices == H100
+    assert model.vm_list[0]["gpus"] == H100
+
+
+@pytest.mark.parametrize(
+    ("select", "expected"),
+    [
+        ("all", sorted([*H100, VGPU, SRIOV])),  # the console is the address entry's
+        ({"index": 2}, [H100[1]]),  # nvidia-smi's order: by address, console first
+        ({"model": "nothing like this"}, []),
+        ("10de:20b0", [VGPU]),
+    ],
+)
+def test_selectors(facts, select, expected) -> None:
+    gpus = [WHOLE[0], {"name": "pick", "select": select, "use": "passthrough"}]
+    model = resolve(declaration(gpus), facts)
+    assert model.gpus[1].addresses == expected
+    if not expected:
+        assert "matches no GPU on this host" in model.refusals[0].message
+
+
+def test_vm_takes_one_gpu_of_a_selector_by_index(facts) -> None:
+    model = resolve(declaration(WHOLE, [vm("a", "train[3]"), vm("b", "train[4]")]), facts)
+    assert model.vm_list[0]["gpus"] == [H100[3]]
+    assert "selects 4 GPU(s)" in model.refusals[0].message
+
+
+@pytest.mark.parametrize("expect", ["10de:2330", "10de:2330:10de:0000"])
+def test_a_matching_id_guard_passes(facts, expect) -> None:
+    model = resolve(declaration([{**WHOLE[1], "expect": expect}]), facts)
+    assert model.refusals == []
+
+
+@pytest.mark.parametrize("expect", ["10de:2335", "10de:2330:10de:16c1"])
+def test_an_id_guard_that_does_not_match_is_refused(tmp_path, host, capsys, expect) -> None:
+    gpus = [{"name": "train", "address": H100[2], "use": "passthrough", "expect": expect}]
+    rc, report = plan(tmp_path, host, declaration(gpus, [vm("a", "train")]), capsys)
+    assert rc == 3
+    message = report["refusals"][0]["message"]
+    assert f"gpuprov_host.gpus[0] 'train': {H100[2]} is 10de:2330" in message and f"expect says {expect}" in message
+
+
+def test_an_address_the_host_lacks_is_refused(facts) -> None:
+    model = resolve(declaration([{"name": "gone", "address": "0000:e1:00.0", "use": "passthrough"}]), facts)
+    assert "no device 0000:e1:00.0 on this host" in model.refusals[0].message
+
+
+def test_one_gpu_in_two_entries_is_refused(facts) -> None:
+    gpus = [
+        {"name": "a", "address": H100[0], "use": "passthrough"},
+        {"name": "b", "select": {"index": 1}, "use": "host"},
+    ]
+    model = resolve(declaration(gpus), facts)
+    assert f"{H100[0]} is already gpuprov_host.gpus[0] 'a''s" in model.refusals[0].message
+
+
+# ---------------------------------------------------------------- instances: declared once, one UUID scheme
+
+
+def test_mdev_instances_are_declared_once_and_vms_name_them(tmp_path, host, facts, capsys) -> None:
+    gpus = [{"name": "a100", "address": VGPU, "use": "mdev", "instances": {"A100-4C": 2}}]
+    doc = declaration(gpus, [vm("a", "a100.0"), vm("b", "a100.1")])
+    model = resolve(doc, facts)
+    assert model.refusals == []
+    layout = model.layout[VGPU]["mdevs"]
+    assert [vm_["mdevs"][0]["uuid"] for vm_ in model.vm_list] == [m["uuid"] for m in layout]
+    assert {vm_["mdevs"][0]["type"] for vm_ in model.vm_list} == {"nvidia-474"}
+    rc, report = plan(tmp_path, host, doc, capsys)
+    assert (rc, report["refusals"], report["warnings"]) == (0, [], [])
+
+
+def test_a_type_the_host_does_not_offer_is_refused_naming_the_entry(facts) -> None:
+    gpus = [{"name": "a100", "address": VGPU, "use": "mdev", "instances": [{"type": "A100-40C", "name": "big"}]}]
+    model = resolve(declaration(gpus, [vm("a", "big")]), facts)
+    assert any(
+        r.message.startswith("gpuprov_host.gpus[0] 'a100':") and "'A100-40C' is not offered" in r.message
+        for r in model.refusals
+    ), model.refusals
+    assert "mdevs" not in model.vm_list[0]
+
+
+def test_sriov_instances_land_on_the_pfs_vfs(facts) -> None:
+    gpus = [{"name": "a100s", "address": SRIOV, "use": "sriov_vgpu", "instances": {"A100-8C": 2}}]
+    model = resolve(declaration(gpus, [vm("a", "a100s.1")]), facts)
+    assert model.refusals == []
+    assert model.vm_list[0]["vfs"] == [{"address": "0000:b1:00.5", "vgpu_type": 558}]
+    assert model.layout[SRIOV]["vgpus"] == [
+        {"type": "A100-8C", "vf": "0000:b1:00.4"},
+        {"type": "A100-8C", "vf": "0000:b1:00.5"},
+    ]
+
+
+def test_old_vm_mdevs_without_uuid_take_the_layouts(facts) -> None:
+    doc = {
+        "gpuprov_gpus": {VGPU: {"use": "mdev", "mdevs": [{"type": "nvidia-474"}]}},
+        "gpu_vms_list": [{"name": "a", "mdevs": [{"parent": VGPU, "type": "nvidia-474"}]}],
+    }
+    model = resolve(doc, facts)
+    from gpuprov.plan.vgpu import declared_mdevs
+
+    declared, _ = declared_mdevs(facts, model.layout)
+    assert list(declared) == [model.vm_list[0]["mdevs"][0]["uuid"]]
+
+
+# ---------------------------------------------------------------- layouts by name, other formats
+
+
+def test_a_host_picks_a_named_layout_and_overrides_an_entry(facts) -> None:
+    doc = {
+        "gpuprov_layouts": {"fleet": {"gpus": [{"name": "console", "select": {"index": 0}, "use": "host"}, WHOLE[1]]}},
+        "gpuprov_host": {"layout": "fleet", "gpus": [{"name": "train", "address": H100[0], "use": "passthrough"}]},
+    }
+    model = resolve(doc, facts)
+    assert (model.problems, model.refusals) == ([], [])
+    assert {g.name: g.addresses for g in model.gpus} == {"console": [CONSOLE], "train": [H100[0]]}
+
+
+def test_mig_parted_configs_are_layouts(facts) -> None:
+    doc = {
+        "gpuprov_layouts": {
+            "version": "v1",
+            "mig-configs": {"all-1g.10gb": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 7}}]},
+        },
+        "gpuprov_host": {"layout": "all-1g.10gb"},
+    }
+    model = resolve(doc, facts)
+    assert model.problems == []
+    assert model.layout[H100[0]] == {"use": "mig", "mig": {"1g.10gb": 7}}
+    assert len([e for e in model.layout.values() if e["use"] == "mig"]) == 7  # every NVIDIA GPU
+
+
+# ---------------------------------------------------------------- one schema
+
+
+HOSTILE = [
+    ({"gpuprov_host": {"gpus": [{"name": "x", "address": CONSOLE, "use": "hots"}]}}, "gpuprov_host.gpus[0].use"),
+    ({"gpuprov_host": {"gpus": [{"name": "X!", "address": CONSOLE, "use": "host"}]}}, "gpuprov_host.gpus[0].name"),
+    ({"gpuprov_host": {"gpus": [{"name": "x", "use": "host", "color": 1}]}}, "gpuprov_host.gpus[0].color"),
+    ({"gpuprov_host": {"gpus": [{"name": "x", "select": "every", "use": "host"}]}}, "gpuprov_host.gpus[0].select"),
+    ({"gpuprov_host": {"gpus": [{"name": "x", "select": {"index": True}, "use": "host"}]}}, "select.index"),
+    ({"gpuprov_host": {"gpus": [{"name": "x", "select": "all", "use": "mig", "mig": {"1g.10gb": 8}}]}}, "1g.10gb"),
+    ({"gpuprov_host": {"gpus": [{"name": "x", "select": "all", "use": "mdev", "instances": {"T": -1}}]}}, "T"),
+    ({"gpuprov_host": {"gpus": [{"name": "x", "use": "host"}] * 1025}}, "more than 1024"),
+    ({"gpuprov_host": {"vms": [{"name": "a", "mdevs": []}]}}, "gpuprov_host.vms[0]: key 'mdevs'"),
+    ({"gpuprov_host": {"vms": [{"name": "a", "gpus": ["{{ x }}"]}]}}, "gpuprov_host.vms[0].gpus[0]"),
+    ({"gpuprov_host": {"vms": [{"name": "a", "memory_mib": "lots"}]}}, "gpuprov_host.vms[0].memory_mib"),
+    ({"gpuprov_host": {"gpus": [{"name": "x", "address": CONSOLE, "select": "all", "use": "host"}]}}, "exactly one"),
+    ({"gpuprov_host": {"layout": "nope"}}, "no layout 'nope'"),
+    ({"gpuprov_host": [], "gpuprov_layouts": {"a": {}}}, "gpuprov_host"),
+]
+
+
+@pytest.mark.parametrize(("doc", "named"), HOSTILE)
+def test_a_file_breaking_the_schema_is_exit_2_naming_the_field(tmp_path, host, capsys, doc, named) -> None:
+    rc, out = plan(tmp_path, host, doc, capsys)
+    assert rc == 2, out
+    assert named in out["stderr"] and "Traceback" not in out["stderr"]
+
+
+VALID = [
+    declaration(WHOLE, [vm("a", "train", {"name": "train[1]", "rom": "off"})], vm_defaults={"vcpus": 2}),
+    {"gpuprov_layouts": {"l.1": {"gpus": []}}, "gpuprov_host": {"layout": "l.1"}},
+    declaration([{"name": "v", "select": {"model": "A100"}, "use": "sriov_vgpu", "instances": [{"type": 557}]}]),
+]
+
+
+@pytest.mark.parametrize("doc", VALID + [d for d, _ in HOSTILE if "exactly one" not in _ and "no layout" not in _])
+def test_the_validator_and_a_json_schema_validator_agree(doc) -> None:
+    ours = not check(doc, "(the file)")
+    theirs = jsonschema.Draft202012Validator(SCHEMA).is_valid(doc)
+    assert ours == theirs
+
+
+def test_the_published_schema_is_the_one_in_the_package() -> None:
+    published = Path(__file__).parent.parent / "docs/reference/gpuprov-host.schema.json"
+    assert json.loads(published.read_text()) == json.loads(json.dumps(SCHEMA))
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
