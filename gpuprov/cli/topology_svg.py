@@ -29,7 +29,7 @@ COLUMN_FILL, COLUMN_STROKE = "#f6f8fb", "#9aa9bb"
 
 FONT_PX, CHAR_PX, BOLD_WIDTH = 12, 7.3, 1.04  # monospace: a line's width is known before a browser draws it
 LINE_PX, PAD, INDENT, GAP, MARGIN = 15, 8, 26, 10, 16
-HEADER_PX = 46
+HEADER_PX, TITLE_CHAR_PX = 46, 10.2  # the title: 16 px bold
 # XML 1.0 allows no C0 control but TAB/LF/CR, and not U+FFFE/U+FFFF: safe_text escapes the rest.
 _NOT_XML = re.compile("[\ufffe\uffff]")
 
@@ -119,6 +119,7 @@ def render_svg(document: dict[str, Any], *, standalone: bool = True) -> str:
     columns, width, height = _layout(document)
     count = document["gpu_count"]
     title = f"PCI topology of {document['root']}: {count} GPU{'s' * (count != 1)}"
+    width = max(width, len(safe_text(title)) * TITLE_CHAR_PX + 2 * MARGIN)
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="monospace" font-size="{FONT_PX}">',
