@@ -18,11 +18,12 @@ APT_PACKAGES=(python3 python3-venv python3-pip pciutils pci.ids)
 # own (iproute2), and builds its guest image with debootstrap (scripts/guest-image.sh);
 # the guest_container_toolkit scenario makes a test key with gpg and fetches
 # Debian packages for its offline directory (debian-archive-keyring); the vgpu module
-# test checks its mdevctl definitions with the real mdevctl.
+# test checks its mdevctl definitions with the real mdevctl; the topology test draws the
+# SVG/HTML picture in headless chromium and looks at the screenshot.
 if [[ ,${1:-}, == *,test,* || ,${1:-}, == *,dev,* ]]; then
   APT_PACKAGES+=(gcc pkg-config python3-dev libvirt-dev libvirt-clients libxml2-utils qemu-utils genisoimage
     libvirt-daemon-system qemu-system-x86 ovmf dnsmasq-base iptables iproute2 debootstrap openssh-client gpg debian-archive-keyring
-    mdevctl)
+    mdevctl chromium)
 fi
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -489,7 +489,7 @@ def render_schemas() -> str:
         "",
         "# JSON schemas of `--json`",
         "",
-        "The `--json` output of `gpuprov inspect`, `plan` and `verify` follows these schemas",
+        "The `--json` output of `gpuprov inspect`, `plan`, `verify` and `topology` follows these schemas",
         "(JSON Schema 2020-12; the wheel ships them). New keys keep the version; a renamed or",
         "removed key or a changed type bumps it. Prose: [inspect-json.md](inspect-json.md),",
         "[verify-json.md](verify-json.md).",

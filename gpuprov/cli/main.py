@@ -181,7 +181,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-COMMAND_MODULES = {"verify": ".verify", "plan": ".plan"}
+COMMAND_MODULES = {"verify": ".verify", "plan": ".plan", "topology": ".topology"}
 
 
 def _command_of(argv: list[str]) -> str | None:
