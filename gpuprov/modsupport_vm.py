@@ -65,7 +65,7 @@ def plan_gpu_vm(module: Any, facts: HostFacts, given: Any, conn: Any) -> tuple[V
     the disk below ``root`` hold, then :func:`gpuprov.plan.vm.plan_vm`. Returns the plan and the VM's spec."""
     p = module.params
     root = p["root"]
-    host = plan_host(facts, given.vm_list, given.settings)
+    host = plan_host(facts, given.vm_list, given.settings, declared=given.declared)
     spec = host.vm(given.name)
     live = read_live(conn, given.name) if conn is not None else LiveDomain()
     storage = StorageState()

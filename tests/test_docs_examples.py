@@ -1,7 +1,7 @@
 """Every host_vars example in the README and the guides is one `gpuprov plan` accepts as
 input: it may refuse on the captured host's devices (exit 3), never call the file
-malformed (exit 2). An example without VMs (a MIG layout) is planned with an empty
-``gpu_vms_list``, which plan needs to read the file as a host_vars file."""
+malformed (exit 2). An example in the old form without VMs (a MIG layout) is planned with an
+empty ``gpu_vms_list``, which plan needs to read the file as a host_vars file."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_the_readme_has_its_example() -> None:
 @pytest.mark.parametrize(("name", "text"), examples(), ids=[n for n, _ in examples()])
 def test_example_is_valid_plan_input(name: str, text: str, tmp_path: Path) -> None:
     path = tmp_path / "host_vars.yml"
-    if not re.search(r"^gpu_vms_list:", text, re.M):
+    if not re.search(r"^(gpu_vms_list|gpuprov_host):", text, re.M):
         text += "gpu_vms_list: []\n"
     path.write_text(text, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}

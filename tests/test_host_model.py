@@ -307,3 +307,123 @@ def test_the_published_schema_is_the_one_in_the_package() -> None:
     published = Path(__file__).parent.parent / "docs/reference/gpuprov-host.schema.json"
     assert json.loads(published.read_text()) == json.loads(json.dumps(SCHEMA))
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
+
+
+# ---------------------------------------------------------------- the shipped inventories
+
+
+@pytest.mark.parametrize("node", ["gpu-node-01", "gpu-node-02"])
+def test_the_example_inventory_plans_on_a_host_like_it(tmp_path, host, capsys, node) -> None:
+    example = Path(__file__).parent.parent / "inventories/example"
+    group = yaml.safe_load((example / "group_vars/gpu_hosts.yml").read_text())
+    doc = {**group, **yaml.safe_load((example / f"host_vars/{node}.yml").read_text())}
+    assert not any(isinstance(v, str) and "{{" in v for v in doc.values())  # no Jinja glue
+    rc, report = plan(tmp_path, host, {k: v for k, v in doc.items() if k.startswith("gpuprov_")}, capsys)
+    assert (rc, report["refusals"]) == (0, [])
+    assert all(vm["placement"]["pci_slots"] or vm["mdevs"] for vm in report["vms"])
+
+
+# ---------------------------------------------------------------- the module, gpu_vm, inspect, init, convert
+
+
+def test_gpu_host_model_returns_what_the_roles_take(host) -> None:
+    from tests.modrun import run_in_process
+
+    gpus = [*WHOLE, {"name": "a100", "address": VGPU, "use": "mdev", "instances": {"A100-4C": 1}}]
+    result = run_in_process(
+        "gpu_host_model", {"root": str(host), "host": declaration(gpus, [vm("a", "a100.0")])["gpuprov_host"]}
+    )
+    assert not result["failed"], result
+    model = result["ansible_facts"]["gpuprov_model"]
+    assert model["vfio_devices"] == H100
+    assert model["gpus"][VGPU]["mdevs"][0]["uuid"] == model["vms"][0]["mdevs"][0]["uuid"]
+    assert model["declared"][CONSOLE] == {"use": "host", "entry": "gpuprov_host.gpus[0] 'console'"}
+    refused = run_in_process(
+        "gpu_host_model", {"root": str(host), "host": declaration(WHOLE, [vm("a", "console")])["gpuprov_host"]}
+    )
+    assert refused["failed"] and "'console' is gpuprov_host.gpus[0] 'console', declared use: host" in refused["msg"]
+
+
+def test_gpu_vm_refuses_a_gpu_declared_for_the_host(host, tmp_path) -> None:
+    from tests.modrun import run_in_process
+
+    declared = {CONSOLE: {"use": "host", "entry": "gpuprov_host.gpus[0] 'console'"}}
+    args = {"vm": vm("a", CONSOLE), "root": str(host), "uri": "test:///default", "reserved_cpus": ""}
+    before = tree_digest(host)
+    result = run_in_process("gpu_vm", {**args, "declared": declared}, check=True)
+    assert result["failed"]
+    assert any("gpuprov_host.gpus[0] 'console', declared use: host" in r["message"] for r in result["refusals"])
+    assert tree_digest(host) == before
+    hostile = run_in_process("gpu_vm", {**args, "declared": {CONSOLE: {"use": "sideways"}}}, check=True)
+    assert hostile["failed"] and "declared['0000:01:00.0'].use" in hostile["msg"]
+
+
+def test_inspect_judges_each_gpu_for_its_declared_use(tmp_path, host, capsys) -> None:
+    from tests.vgpuhosts import running_domain
+
+    gpus = [*WHOLE, {"name": "a100", "address": VGPU, "use": "mdev"}, {"name": "s", "address": SRIOV, "use": "host"}]
+    path = tmp_path / "decl.yml"
+    path.write_text(yaml.safe_dump(declaration(gpus)))
+    held = build_host(tmp_path / "held")
+    fake = FakeHost.__new__(FakeHost)
+    fake.root = held
+    running_domain(fake, "vm-a", pci=(H100[0],))
+    assert main(["inspect", "--root", str(held), "--declaration", str(path), "--json"]) == 0
+    report = {g["address"]: g for g in json.loads(capsys.readouterr().out)["gpus"]}
+    console = report[CONSOLE]
+    assert (console["intended_use"], console["ready"]) == ("host", True)
+    assert not any("vfio-pci" in (f["fix"] or "") for f in console["findings"])  # never advice that breaks the host
+    assert (report[VGPU]["intended_use"], report[VGPU]["ready"]) == ("mdev", True)
+    assert "vGPU-ready" in report[VGPU]["findings"][-1]["message"]
+    assert report[H100[0]]["state"] == "in use by VM vm-a" and report[H100[0]]["ready"]
+    assert (report[H100[1]]["intended_use"], report[H100[1]]["ready"]) == ("passthrough", True)
+
+
+def test_inspect_require_ready_prints_the_reasons(tmp_path, host, capsys) -> None:
+    path = tmp_path / "decl.yml"
+    path.write_text(yaml.safe_dump(declaration([{"name": "a", "address": CONSOLE, "use": "mdev"}])))
+    assert main(["inspect", "--root", str(host), "--declaration", str(path), "--require-ready", "all"]) == 3
+    err = capsys.readouterr().err
+    assert f"{CONSOLE} (use: mdev): offers no mdev types" in err and "fix: load the NVIDIA vGPU host driver" in err
+    guard = declaration([{"name": "a", "address": H100[0], "use": "passthrough", "expect": "10de:2335"}])
+    path.write_text(yaml.safe_dump(guard))
+    assert main(["inspect", "--root", str(host), "--declaration", str(path), "--require-ready", "all"]) == 3
+    assert "expect says 10de:2335" in capsys.readouterr().err
+
+
+def test_init_writes_a_declaration_that_resolves_on_its_host(host, facts, capsys) -> None:
+    assert main(["init", "--root", str(host)]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    assert not check(doc, "init")
+    model = resolve(doc, facts)
+    assert (model.problems, model.refusals) == ([], [])
+    uses = {g.addresses[0]: g.use for g in model.gpus}
+    assert uses[CONSOLE] == "host" and uses[H100[0]] == "passthrough" and uses[VGPU] == "mdev"
+
+
+def test_convert_gives_the_same_host_in_the_new_form(tmp_path, facts, capsys) -> None:
+    old = {
+        "gpuprov_gpus": {CONSOLE: {"use": "host"}, VGPU: {"use": "mdev", "mdevs": [{"type": "nvidia-474"}]}},
+        "vfio_host_devices": [H100[0], H100[1]],
+        "gpu_vms_defaults": {"memory_mib": 2048},
+        "gpu_vms_list": [
+            {"name": "a", "gpus": [H100[0]], "mdevs": [{"parent": VGPU, "type": "nvidia-474"}]},
+            {"name": "b", "gpus": [{"address": H100[1], "rom": "off"}]},
+        ],
+        "gpu_vms_reserved_cpus": "",
+        "gpu_vms_install": False,
+    }
+    path = tmp_path / "old.yml"
+    path.write_text(yaml.safe_dump(old))
+    assert main(["convert", str(path), "--root", str(Path(facts.root))]) == 0
+    new = yaml.safe_load(capsys.readouterr().out)
+    assert "gpuprov_gpus" not in new and new["gpu_vms_install"] is False
+    was, now = resolve(old, facts), resolve(new, facts)
+    assert (now.problems, now.refusals) == ([], [])
+    assert (now.vm_list, now.vfio_devices) == (was.vm_list, was.vfio_devices)
+    from gpuprov.plan.vgpu import declared_mdevs
+
+    assert declared_mdevs(facts, now.layout) == declared_mdevs(facts, was.layout)
+    uses = {a: e["use"] for a, e in now.declared.items()}
+    assert uses == {CONSOLE: "host", VGPU: "mdev", H100[0]: "passthrough", H100[1]: "passthrough"}
+    assert main(["schema"]) == 0 and json.loads(capsys.readouterr().out) == json.loads(json.dumps(SCHEMA))

@@ -17,8 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuprov.facts.host import gather
+from gpuprov.facts.sysfs import Sysfs
+from gpuprov.model.resolve import resolve
 from gpuprov.rules.vm_input import parse_vm
 from labhost import common, debpkg, image
+from tests.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[1]
 HOST_VARS = REPO / "inventories/lab/host_vars/lab-gpu-host.yml"
@@ -50,7 +54,7 @@ def host_vars() -> dict:
 
 def nested_vm() -> dict:
     (check,) = host_vars()["gpu_vms_console_checks"]
-    return next(vm for vm in host_vars()["gpu_vms_list"] if vm["name"] == check["vm"])
+    return next(vm for vm in host_vars()["gpuprov_host"]["vms"] if vm["name"] == check["vm"])
 
 
 # ---------------------------------------------------------------- the nested guest's initramfs
@@ -155,8 +159,16 @@ def test_a_device_printed_outside_the_markers_does_not_count(checks: dict) -> No
 # ---------------------------------------------------------------- inventories/lab and the image
 
 
-def test_the_nested_guest_boots_what_the_image_carries() -> None:
-    vm = nested_vm()
+def test_the_nested_guest_boots_what_the_image_carries(tmp_path: Path) -> None:
+    # The lab's declaration resolved on a stand-in of the lab host (edu A and C, the mtty parent).
+    fake = FakeHost(tmp_path)
+    for address, group in (("0000:01:00.0", 1), ("0000:02:00.0", 2), ("0000:04:01.0", 3)):
+        fake.pci(address, cls=0x00FF00, vendor=0x1234, device=0x11E8, group=group)
+    fake.paths["mtty"] = "sys/devices/virtual/mtty/mtty"  # a non-PCI mdev parent, as the kernel shows it
+    fake.mdev_types("mtty", {"mtty-1": ("Single port serial", 24), "mtty-2": ("Dual port serial", 12)})
+    model = resolve(host_vars(), gather(Sysfs(str(fake.finish()))))
+    assert (model.problems, model.refusals) == ([], [])
+    (vm,) = [v for v in model.vm_list if v["name"] == nested_vm()["name"]]
     spec, problems = parse_vm(vm)
     assert problems == [] and spec is not None
     assert spec.boot is not None
@@ -164,11 +176,11 @@ def test_the_nested_guest_boots_what_the_image_carries() -> None:
     assert spec.boot.initrd == "/" + image.NESTED_INITRD
     assert "console=ttyS0" in (spec.boot.cmdline or "").split()
     assert spec.network is None and spec.disk is None and spec.cloud_init is None  # nothing to wait for
-    gpus = host_vars()["gpuprov_gpus"]
-    assert [g.address for g in spec.gpus] == ["0000:01:00.0"] and gpus["0000:01:00.0"]["use"] == "passthrough"
+    assert [g.address for g in spec.gpus] == ["0000:01:00.0"]
+    assert model.vfio_devices == ["0000:01:00.0", "0000:02:00.0"]
     # The mdev the vGPU role makes (and keeps) is the one the guest gets.
     assert [(m.parent, m.type, m.uuid) for m in spec.mdevs] == [
-        ("mtty", d["type"], d["uuid"]) for d in gpus["mtty"]["mdevs"]
+        ("mtty", "mtty-2", d["uuid"]) for d in model.layout["mtty"]["mdevs"]
     ]
 
 

@@ -74,6 +74,7 @@ def test_there_are_modules() -> None:
         "apt_components",
         "apt_keyring",
         "gpu_host_facts",
+        "gpu_host_model",
         "gpu_verify",
         "gpu_vgpu",
         "gpu_vm",

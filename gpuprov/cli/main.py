@@ -71,6 +71,7 @@ def _addresses(values: list[str], option: str) -> list[str]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..facts.domains import read_running
     from ..facts.host import gather
     from ..facts.sysfs import Sysfs
     from ..report import write_json
@@ -79,15 +80,29 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     named = _addresses(args.device, "--device")
     require = [] if args.require_ready == ["all"] else _addresses(args.require_ready, "--require-ready")
+    doc = _read_declaration(args.declaration) if args.declaration else None
     with host_root(args.root) as root:
-        facts = gather(Sysfs(root))
+        sysfs = Sysfs(root)
+        facts = gather(sysfs)
+        running = read_running(sysfs) if doc is not None else {}
     missing = [a for a in named + require if a not in facts.pci]
     if missing:
         raise UsageError(
             f"no PCI device {', '.join(missing)} on this host: check the address with `lspci -D` "
             f"(this host has {len(facts.pci)} PCI devices)"
         )
+    declared: dict[str, dict[str, str]] | None = None
+    refused: list[str] = []
+    if doc is not None:
+        declared, refused = _declared_uses(args.declaration, doc, facts)
+        named += [a for a in declared if a in facts.pci and a not in named]
     gpus = assess(facts, extra=named + require)
+    if declared is not None:
+        from ..rules.intent import judge
+
+        for gpu in gpus:
+            entry = declared.get(gpu.address)
+            judge(facts, gpu, entry and entry["use"], entry and entry["entry"], running)
     report = build_report(facts, gpus)
     report["host"]["root"] = args.root
     if args.json:
@@ -98,17 +113,46 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print_report(report, show_all=args.all)
 
     gate = [g for g in gpus if g.address in require] if require else gpus if args.require_ready else []
+    if declared is not None and not require:  # the GPUs the declaration gives a job, not those it leaves alone
+        gate = [g for g in gate if g.intended_use not in ("host", "not declared")]
     not_ready = [g for g in gate if not g.ready]
-    if args.require_ready and (not_ready or not gate):
-        print(
-            f"gpuprov: not ready: {', '.join(g.address for g in not_ready) or 'no GPU found'}",
-            file=sys.stderr,
-        )
+    # A declaration this host breaks (told above, by _declared_uses) is never ready.
+    nothing = not gate and declared is None  # with a declaration, GPUs it gives no job need nothing
+    if args.require_ready and (not_ready or nothing or refused):
+        what = ", ".join(g.address for g in not_ready) or ("" if refused else "no GPU found")
+        print(f"gpuprov: not ready: {what or f'{args.declaration} does not fit this host'}", file=sys.stderr)
         for gpu in not_ready:  # why, and what to do, for a log that has only stderr
+            use = f" (use: {gpu.intended_use})" if gpu.intended_use else ""
             for f in gpu.blockers:
-                print(f"gpuprov: {gpu.address}: {f.message}" + (f"; {f.fix}" if f.fix else ""), file=sys.stderr)
+                print(
+                    f"gpuprov: {gpu.address}{use}: {f.message}" + (f"; fix: {f.fix}" if f.fix else ""), file=sys.stderr
+                )
         return EXIT_NOT_READY
     return EXIT_OK
+
+
+def _read_declaration(path: str) -> Any:
+    from .yamlread import YamlInputError, read_yaml
+
+    try:
+        return read_yaml(path)
+    except YamlInputError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _declared_uses(source: str, doc: Any, facts: Any) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """Address -> {use, entry} from a host declaration (or the old gpuprov_gpus), and what this host
+    refuses of it (a renumbered bus, an id guard); exit 2 on input problems."""
+    from ..model.resolve import resolve
+    from .plan import input_problems
+
+    model = resolve(doc, facts)
+    if model.problems:
+        raise UsageError(input_problems(source, model.problems))
+    refused = [r.describe() for r in model.refusals]
+    for line in refused:  # the declaration against this host: told; its GPUs are judged as declared
+        print(f"gpuprov: {source}: {line}", file=sys.stderr)
+    return model.declared, refused
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
@@ -157,7 +201,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="ADDR",
-        help="exit 3 unless this GPU is ready for passthrough (repeatable; 'all' for every GPU found)",
+        help="exit 3 unless this GPU is ready for passthrough, or with --declaration for its declared use "
+        "(repeatable; 'all' for every GPU found, or every GPU the declaration gives a job); the reasons go to stderr",
+    )
+    p.add_argument(
+        "--declaration",
+        metavar="HOST_VARS.yml",
+        help="judge each GPU for the use this file declares (gpuprov_host, docs/reference/host-model.md): "
+        "vGPU-ready, passthrough-ready or kept by the host; a GPU a running VM holds is in use by it",
     )
     p.set_defaults(func=cmd_inspect)
 
@@ -175,13 +226,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     # Commands whose modules are imported only when they run (or for the full
     # help): `inspect --json` on a big host pays for nothing it does not use.
-    for name, module in COMMAND_MODULES.items():
-        if command in (None, name):
-            importlib.import_module(module, __package__).add_parser(sub)
+    wanted = dict.fromkeys(m for name, m in COMMAND_MODULES.items() if command in (None, name))
+    for module in wanted:  # one module may register several commands
+        importlib.import_module(module, __package__).add_parser(sub)
     return parser
 
 
-COMMAND_MODULES = {"verify": ".verify", "plan": ".plan", "topology": ".topology"}
+COMMAND_MODULES = {
+    "verify": ".verify",
+    "plan": ".plan",
+    "topology": ".topology",
+    "init": ".declare",
+    "convert": ".declare",
+    "schema": ".declare",
+}
 
 
 def _command_of(argv: list[str]) -> str | None:

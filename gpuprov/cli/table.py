@@ -75,6 +75,10 @@ def _gpu_table(report: dict[str, Any]) -> ValueTable:
         table.add_column(col, overflow="fold")
     for gpu in report["gpus"]:
         verdict = Text("ready", "green") if gpu["ready"] else Text("not ready", "bold red")
+        if gpu.get("intended_use"):  # with a declaration: the verdict is for the declared use
+            verdict = Text.assemble(f"{gpu['intended_use']}: ", verdict)
+        if gpu.get("state"):
+            verdict.append(f"\n{gpu['state']}", "cyan")
         reset = "unknown" if gpu["reset_methods"] is None else " ".join(gpu["reset_methods"]) or "none"
         ids = f"[{gpu['vendor_device']}]"
         table.add_row(
@@ -92,6 +96,8 @@ def _gpu_table(report: dict[str, Any]) -> ValueTable:
 
 def _findings(gpu: dict[str, Any]) -> list[Text]:
     lines = [Text(f"{gpu['address']} {gpu['name']}:", "bold")]
+    if gpu.get("declared_as"):
+        lines.append(Text(f"  declared by {gpu['declared_as']}, use: {gpu['intended_use']}"))
     for f in gpu["findings"]:
         mark, style = _MARK.get(f["severity"], ("?", ""))
         line = Text.assemble(f"  {mark} ", (f["severity"], style), f": {f['message']}")

@@ -147,11 +147,9 @@ def host_settings(values: dict[str, Any], names: dict[str, str], model: HostMode
 
 def _convert_layouts(doc: dict[str, Any], model: HostModel) -> dict[str, Any]:
     """gpuprov_layouts given as a mig-parted or vgpu-device-manager file: its configs become layouts."""
+    from . import formats
+
     layouts = doc.get("gpuprov_layouts")
-    try:
-        from . import formats
-    except ImportError:  # pragma: no cover - formats ships with the model
-        return doc
     if formats.is_mig_parted(layouts):
         converted, problems = formats.layouts_from_mig_parted(layouts)
     elif formats.is_vgpu_device_manager(layouts):
@@ -384,7 +382,7 @@ def _instances(facts: HostFacts, model: HostModel, entries: dict[str, dict[str, 
 def _mdev_uuids(facts: HostFacts, model: HostModel) -> None:
     """The layout's UUIDs (given or derived as vgpu_host derives them), written into the layout and
     the instances alike: the VM's mdev and the layout's are one."""
-    mdev_layout = {a: e for a, e in model.layout.items() if e["use"] == "mdev"}
+    mdev_layout = {a: e for a, e in model.layout.items() if e["use"] == "mdev" and e["mdevs"]}
     if not mdev_layout:
         return
     uuids, refusals = mdev_uuids(facts, mdev_layout)
@@ -502,6 +500,12 @@ def _gpu_ref(
             )
         else:
             vfs.append({"address": inst.vf, "vgpu_type": inst.type_id})
+        return []
+    owner = by_gpu.get(ref.partition(".")[0])
+    if owner is not None and not owner.addresses:
+        model.refusals.append(
+            Refusal(f"{where}: {ref!r}: {owner.where} stands for no GPU on this host (refused above)", None)
+        )
         return []
     known = sorted([*by_gpu, *by_instance])
     model.refusals.append(

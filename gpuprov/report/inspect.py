@@ -65,6 +65,9 @@ def gpu_dict(a: GpuAssessment) -> dict[str, Any]:
         "group_members": a.group_members,
         "companions": a.companions,
         "ready": a.ready,
+        "intended_use": a.intended_use,
+        "declared_as": a.declared_as,
+        "state": a.state,
         "findings": [asdict(f) for f in a.findings],
         "vgpu": a.vgpu,
     }

@@ -70,6 +70,11 @@ class GpuAssessment:
     companions: list[str]  # functions that must be bound with it
     findings: list[Finding] = field(default_factory=list)
     vgpu: dict[str, object] = field(default_factory=dict)
+    # With a host declaration (gpuprov.rules.intent): the declared use the verdict is for, the
+    # entry that declares it, and what holds the GPU now (a state such as "in use by VM a").
+    intended_use: str | None = None
+    declared_as: str | None = None
+    state: str | None = None
 
     @property
     def ready(self) -> bool:

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..plan.base import Plan, Refusal
-from ..plan.vgpu import SCHEDULERS, parse_gpus
+from ..plan.vgpu import SCHEDULERS, USES, parse_gpus
 from ..plan.vm_spec import STATES, VM_KEYS, HostSettings
 from .validate import (
+    MAX_GPUS,
     MAX_SECONDS,
     MAX_VMS,
     Problems,
@@ -36,6 +37,7 @@ from .validate import (
     mapping,
     path_text,
     sequence,
+    shown,
     text,
 )
 from .vm_input import check_settings, merge_defaults, parse_vm
@@ -91,6 +93,7 @@ class GpuVmInput:
     vm: dict[str, Any]
     vm_list: list[dict[str, Any]]
     settings: HostSettings
+    declared: dict[str, dict[str, str]] | None = None  # the host model's address -> {use, entry}
 
 
 def _vm_list(
@@ -183,6 +186,7 @@ def validate_gpu_vm_options(
         mixed_vgpu_types=params.get("mixed_vgpu_types", False),
     )
     check_settings(settings, p, {})
+    declared = _declared(p, params.get("declared"))
     if vm is None:
         return None, p.items
     merged = merge_defaults(defaults, vm)
@@ -196,7 +200,29 @@ def validate_gpu_vm_options(
     vm_list = [merged if entry.get("name") == spec.name else entry for entry in host_vms]
     if not any(entry.get("name") == spec.name for entry in host_vms):
         vm_list.append(merged)
-    return GpuVmInput(name=spec.name, state=spec.state, vm=merged, vm_list=vm_list, settings=settings), []
+    return (
+        GpuVmInput(name=spec.name, state=spec.state, vm=merged, vm_list=vm_list, settings=settings, declared=declared),
+        [],
+    )
+
+
+def _declared(p: Problems, value: Any) -> dict[str, dict[str, str]] | None:
+    """gpu_vm's ``declared``: address -> {use, entry}, as gpu_host_model returns it."""
+    if value is None:
+        return None
+    if isinstance(value, dict) and len(value) > MAX_GPUS * 2:
+        p.add("declared", f"has {len(value)} entries, more than {MAX_GPUS * 2}", "pass gpu_host_model's declared")
+        return None
+    out: dict[str, dict[str, str]] = {}
+    for key, entry in (mapping(p, "declared", value) or {}).items():
+        where = f"declared[{shown(key)}]"
+        if mapping(p, where, entry, ("use", "entry")) is None:
+            continue
+        use = choice(p, f"{where}.use", entry.get("use"), USES)
+        label = text(p, f"{where}.entry", entry.get("entry", str(key)), rule="the entry's name")
+        if isinstance(key, str) and use is not None and label is not None:
+            out[key] = {"use": use, "entry": label}
+    return out
 
 
 def validate_gpu_vgpu_options(params: dict[str, Any]) -> list[Refusal]:

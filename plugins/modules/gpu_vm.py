@@ -210,6 +210,14 @@ options:
     description: The GPUs run NVIDIA's mixed-size vGPU mode, so one GPU may hold vGPUs of several types.
     type: bool
     default: false
+  declared:
+    description:
+      - The host's declared GPUs, address -> C({use, entry}), as the module gpu_host_model returns them
+        (C(ansible_facts.gpuprov_model.declared); role gpu_vms passes it). The VM is refused when it is
+        given a whole GPU not declared C(use=passthrough), an mdev whose parent is not C(use=mdev), or a VF
+        whose GPU is not C(use=sriov_vgpu), or a device not declared at all. Unset, nothing is checked
+        against a declaration.
+    type: dict
   wait_for_address:
     description:
       - With O(state=running), wait up to this many seconds for the guest's DHCP lease on its libvirt
@@ -374,6 +382,7 @@ def main() -> None:
             "reserved_memory_mib": {"type": "int"},
             "reserved_cpus": {"type": "str", "default": "0"},
             "mixed_vgpu_types": {"type": "bool", "default": False},
+            "declared": {"type": "dict"},
             "wait_for_address": {"type": "int", "default": 0},
             "shutdown_timeout": {"type": "int", "default": 180},
             "root": {"type": "path", "default": "/"},

@@ -33,9 +33,9 @@ SERIAL_LOG = f"/var/log/libvirt/qemu/{VM}-serial.log"
 # samples/vfio-mdev/mtty.c: vendor 0x4348, device 0x3253, class 07 00 02 (a 16550 serial port).
 MTTY_IDS = "4348:3253"
 EDU_IDS = "1234:11e8"
-# The vGPU role alone, with the mdev dropped (-e replaces gpuprov_gpus).
+# The vGPU role alone, with the mdev dropped (-e replaces the layout the host model derives).
 VGPU_PLAY = Path(__file__).resolve().parents[1] / "vgpu.yml"
-NO_MDEV = {"gpuprov_gpus": {"mtty": {"use": "mdev", "mdevs": []}}}
+NO_MDEV = {"vgpu_host_gpus": {"mtty": {"use": "mdev", "mdevs": []}}}
 BOUND = [EDU_A, EDU_B, AUDIO_B]
 HOST_DRIVERS = {EDU_C: None, NIC: "e1000"}
 MANAGED = [
