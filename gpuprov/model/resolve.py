@@ -118,7 +118,7 @@ def resolve(doc: Any, facts: HostFacts, *, cpu_limit: int | None = None) -> Host
     if model.problems:
         return model
     _claim(facts, entries, model)
-    _instances(facts, model, {e["name"]: e for _, e in entries})
+    _instances(facts, model, {entry["name"]: entry for _where, entry in entries})
     model.vfio_devices = [a for g in model.gpus if g.use == "passthrough" for a in g.addresses]
     model.settings = host_settings(host, {k: f"gpuprov_host.{k}" for k in HOST_SETTINGS}, model)
     _vms(host, model, cpu_limit)
@@ -329,7 +329,7 @@ def _wanted(entry: dict[str, Any] | None, gpu: DeclaredGpu, model: HostModel) ->
     """One GPU's instances as a list of {type, name?, uuid?, vf?} (counts expanded)."""
     raw = (entry or {}).get("instances") or []
     if isinstance(raw, dict):
-        return [{"type": t} for t, n in raw.items() for _ in range(n)]
+        return [{"type": t} for t, n in raw.items() for _k in range(n)]
     if len(gpu.addresses) > 1 and any("name" in i or "uuid" in i or "vf" in i for i in raw):
         model.refusals.append(
             Refusal(
@@ -458,7 +458,7 @@ def _gpu_ref(
     vfs: list[dict[str, Any]],
 ) -> list[str]:
     """A VM's reference -> the whole GPUs' addresses it stands for; instances go to ``mdevs``/``vfs``."""
-    name, _, index = ref.partition("[")
+    name, _bracket, index = ref.partition("[")
     if name in by_gpu and (index or "." not in ref):
         gpu = by_gpu[name]
         if gpu.use != "passthrough":
