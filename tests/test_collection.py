@@ -24,7 +24,15 @@ from tests.test_modules import staged as staged
 
 BIN = Path(sys.executable).parent
 MODULES = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "plugins" / "modules").glob("*.py"))
-ROLES = ["gpu_vms", "guest_container_toolkit", "guest_nvidia_driver", "iommu_host", "vfio_host", "vgpu_host"]
+ROLES = [
+    "gpu_vms",
+    "guest_container_toolkit",
+    "guest_nvidia_driver",
+    "host_model",
+    "iommu_host",
+    "vfio_host",
+    "vgpu_host",
+]
 # The command line's modules: in the wheel, never in the collection.
 CLI_ONLY = ["__main__.py", "cli.py", "capture.py", "debpkg.py", "lab.py", "plancmd.py", "table.py"]
 

@@ -427,3 +427,18 @@ def test_convert_gives_the_same_host_in_the_new_form(tmp_path, facts, capsys) ->
     uses = {a: e["use"] for a, e in now.declared.items()}
     assert uses == {CONSOLE: "host", VGPU: "mdev", H100[0]: "passthrough", H100[1]: "passthrough"}
     assert main(["schema"]) == 0 and json.loads(capsys.readouterr().out) == json.loads(json.dumps(SCHEMA))
+
+
+def test_a_gpu_its_running_vm_holds_is_in_use_by_that_vm_not_blocked(tmp_path, capsys) -> None:
+    from tests.vgpuhosts import running_domain
+
+    root = build_host(tmp_path / "h")
+    fake = FakeHost.__new__(FakeHost)
+    fake.root = root
+    fake.open_file(4242, "qemu-system-x86", "/dev/vfio/11")  # H100[0]'s group
+    fake.open_file(4343, "some-tool", "/dev/vfio/13")  # H100[1]'s, no VM behind it
+    running_domain(fake, "vm-a", pci=(H100[0],))
+    assert main(["inspect", "--root", str(root), "--json"]) == 0
+    gpus = {g["address"]: g for g in json.loads(capsys.readouterr().out)["gpus"]}
+    assert (gpus[H100[0]]["state"], gpus[H100[0]]["ready"]) == ("in use by VM vm-a", True)
+    assert [f["code"] for f in gpus[H100[1]]["findings"] if f["severity"] == "blocker"] == ["in-use"]

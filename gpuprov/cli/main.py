@@ -84,7 +84,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     with host_root(args.root) as root:
         sysfs = Sysfs(root)
         facts = gather(sysfs)
-        running = read_running(sysfs) if doc is not None else {}
+        running = read_running(sysfs)
     missing = [a for a in named + require if a not in facts.pci]
     if missing:
         raise UsageError(
@@ -97,10 +97,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         declared, refused = _declared_uses(args.declaration, doc, facts)
         named += [a for a in declared if a in facts.pci and a not in named]
     gpus = assess(facts, extra=named + require)
-    if declared is not None:
-        from ..rules.intent import judge
+    from ..rules.intent import in_use_by_vm, judge
 
-        for gpu in gpus:
+    for gpu in gpus:
+        if declared is None:
+            in_use_by_vm(gpu, running)
+        else:
             entry = declared.get(gpu.address)
             judge(facts, gpu, entry and entry["use"], entry and entry["entry"], running)
     report = build_report(facts, gpus)
