@@ -442,3 +442,28 @@ def test_a_gpu_its_running_vm_holds_is_in_use_by_that_vm_not_blocked(tmp_path, c
     gpus = {g["address"]: g for g in json.loads(capsys.readouterr().out)["gpus"]}
     assert (gpus[H100[0]]["state"], gpus[H100[0]]["ready"]) == ("in use by VM vm-a", True)
     assert [f["code"] for f in gpus[H100[1]]["findings"] if f["severity"] == "blocker"] == ["in-use"]
+
+
+# ---------------------------------------------------------------- a real multi-GPU guest (2x H200)
+
+H200X2 = Path(__file__).parent / "fixtures/hosts/h200x2-live.tar.gz"
+
+
+# No pci.ids name for 2335 on that guest: its name is the vendor's alone.
+@pytest.mark.parametrize("select", ["all", "10de:2335", {"model": "nvidia"}])
+def test_a_selector_over_a_multi_gpu_guest_resolves_every_gpu(tmp_path, capsys, select) -> None:
+    gpus = [{"name": "all-of-them", "select": select, "use": "passthrough", "expect": "10de:2335:10de:18bf"}]
+    rc, report = plan(tmp_path, H200X2, declaration(gpus, [vm("big", "all-of-them")]), capsys)
+    assert [r["message"] for r in report["refusals"]] and rc == 3  # no IOMMU inside the guest: refused...
+    assert report["vms"][0]["gpus"] == ["0000:00:06.0", "0000:00:07.0"]  # ...but both GPUs
+
+
+def test_inspect_on_the_multi_gpu_guest_follows_the_declared_use(tmp_path, capsys) -> None:
+    path = tmp_path / "decl.yml"
+    path.write_text(yaml.safe_dump(declaration([{"name": "h200", "select": "all", "use": "passthrough"}])))
+    assert main(["inspect", "--root", str(H200X2), "--declaration", str(path), "--require-ready", "all"]) == 3
+    err = capsys.readouterr().err
+    assert "0000:00:06.0 (use: passthrough): the IOMMU is off" in err and "0000:00:07.0 (use: passthrough)" in err
+    path.write_text((Path(__file__).parent / "fixtures/outputs/h200x2/init.yml").read_text())
+    assert main(["inspect", "--root", str(H200X2), "--declaration", str(path), "--require-ready", "all"]) == 0
+    assert "bind it to vfio-pci" not in capsys.readouterr().out  # kept by the guest: no advice to take it
