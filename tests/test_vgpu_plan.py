@@ -595,7 +595,7 @@ def test_a_vf_offering_mdev_types_points_to_use_mdev(nvidia) -> None:
         nvidia(old_driver),
         {A100: {"use": "sriov_vgpu", "vgpus": [{"type": 557}]}},
         f"VF {VF4} offers vGPUs as mdev types",
-        f'"{VF4}": {{use: mdev',
+        f'address: "{VF4}", use: mdev',
     )
 
 

@@ -132,9 +132,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             for problem in rom_problems(vm, root) if vm.state != "absent" else []:
                 plan.refusals.append(Refusal(f"VM {vm.name}: {problem}", f"put the ROM file in {ROM_DIR} on the host"))
     if model.layout:
-        # The vGPU layout too: the VMs' mdevs must be the ones it makes.
+        # The vGPU layout too: the VMs' mdevs must be the ones it makes (the new form's
+        # problems with it are the model's refusals already).
         declared, refusals = declared_mdevs(facts, model.layout)
-        plan.refusals.extend(r for r in refusals if r not in plan.refusals)
+        plan.refusals.extend(refusals if model.legacy else [])
         check_declared_mdevs(plan, declared)
     report = plan_report(plan, args.root)
     if args.json:

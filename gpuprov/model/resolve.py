@@ -33,7 +33,7 @@ from ..plan.vgpu import mdev_uuids
 from ..plan.vgpu.sriov import resolve_vgpu_type
 from ..plan.vm_spec import HostSettings
 from ..rules.validate import shown
-from .schema import check
+from .schema import ROOT, check
 
 NVIDIA = 0x10DE
 VGPU_USES = ("mdev", "sriov_vgpu")
@@ -110,7 +110,7 @@ def resolve(doc: Any, facts: HostFacts, *, cpu_limit: int | None = None) -> Host
     model = HostModel()
     doc = {k: v for k, v in doc.items() if k in ("gpuprov_host", "gpuprov_layouts")}
     doc = _convert_layouts(doc, model)
-    model.problems.extend(check(doc, "(the file)").items)
+    model.problems.extend(check(doc, ROOT).items)
     if model.problems:
         return model
     host = doc["gpuprov_host"] or {}
@@ -414,6 +414,15 @@ def _vgpu_types(facts: HostFacts, model: HostModel) -> None:
                 state = facts.vgpu_vfs.get(vf)
                 offered.update(state.creatable if state else {})
             inst.type_id = resolve_vgpu_type(inst.type, offered)
+            if inst.type_id is None and offered:  # VFs not enabled yet: their types are the vgpu stage's to read
+                names = ", ".join(f"{t} ({n})" for t, n in sorted(offered.items())[:8])
+                model.refusals.append(
+                    Refusal(
+                        f"{gpu.where}: vGPU type {inst.type!r} is not offered by {inst.parent} (offered: {names})",
+                        "use one of the offered types (`gpuprov inspect` lists them)",
+                        inst.parent,
+                    )
+                )
 
 
 # ---------------------------------------------------------------- VMs

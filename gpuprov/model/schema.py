@@ -39,6 +39,7 @@ UUID_PATTERN = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 TYPE_PATTERN = "^[^/\\x00-\\x1f]{1,255}$"
 USES = ("host", "passthrough", "mdev", "sriov_vgpu", "mig")
 MAX_LAYOUTS = 1024
+ROOT = "(the file)"  # how messages name the whole document
 
 _COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_INSTANCES, "description": "a count, 0 to 256"}
 _MIG_COUNT = {
@@ -315,6 +316,11 @@ def _array(p: Problems, schema: dict[str, Any], value: list[Any], path: str, dep
             _walk(p, items, item, f"{path}[{i}]", depth + 1)
 
 
+def _child(path: str, key: str) -> str:
+    """A key's path: top-level keys are named alone (gpuprov_host.gpus[0], not (the file).gpuprov_host...)."""
+    return key if path == ROOT else f"{path}.{key}"
+
+
 def _object(p: Problems, schema: dict[str, Any], value: dict[Any, Any], path: str, depth: int) -> None:
     limit = schema.get("maxProperties", MAX_GPUS)
     if len(value) > limit:
@@ -324,12 +330,12 @@ def _object(p: Problems, schema: dict[str, Any], value: dict[Any, Any], path: st
         p.add(path, "is empty", _fix(schema))
     for key in schema.get("required", ()):
         if key not in value:
-            p.add(f"{path}.{key}", "is required", _fix(schema.get("properties", {}).get(key, schema)))
+            p.add(_child(path, key), "is required", _fix(schema.get("properties", {}).get(key, schema)))
     properties = schema.get("properties", {})
     names = schema.get("propertyNames")
     extra = schema.get("additionalProperties", True)
     for key, item in value.items():
-        where = f"{path}.{key}" if isinstance(key, str) else f"{path}[{shown(key)}]"
+        where = _child(path, key) if isinstance(key, str) else f"{path}[{shown(key)}]"
         if not isinstance(key, str):
             p.add(where, f"the key {shown(key)} is not a string", "quote it")
             continue

@@ -72,8 +72,8 @@ def _plan_sriov_entry(
         _problem(
             plan,
             f"{entry.key} is bound to {pf.driver} (passthrough): the vGPU manager cannot slice it",
-            "take it out of the passthrough devices (use: passthrough / vfio_host_devices), remove the early "
-            "binding (vfio_host_state: unbound) and reboot",
+            "declare it for vGPUs, not use: passthrough (gpuprov_host), remove the early binding "
+            "(vfio_host_state: unbound) and reboot",
             entry.key,
         )
         return
@@ -137,7 +137,8 @@ def _plan_sriov_entry(
                     plan,
                     f"{where}: VF {address} offers vGPUs as mdev types "
                     "(a driver older than the vendor-specific VFIO framework)",
-                    f'declare the VF as an mdev parent instead: "{address}": {{use: mdev, mdevs: [{{type: ...}}]}}',
+                    f'declare the VF as an mdev parent instead: {{name: ..., address: "{address}", use: mdev, '
+                    "instances: {TYPE: COUNT}}",
                     address,
                 )
             else:
