@@ -138,6 +138,25 @@ def test_direct_links_are_counted_per_pair() -> None:
     assert pair_peak(probe, 0, 1) == (150.0, "NVLink4 x6")
 
 
+def test_links_nvml_names_no_remote_for_count_as_each_gpus_active_links() -> None:
+    probe = h200x4()
+    for g in probe["gpus"]:
+        for link in g["nvml"]["nvlinks"]:
+            link["remote_type"] = None
+    probe["gpus"][1]["nvml"]["nvlinks"][0]["active"] = False
+    assert pair_peak(probe, 0, 1) == (425.0, "NVLink4 x17 (each GPU's active links)")
+
+
+def test_retired_pages_from_a_binding_whose_list_fails_late_are_unknown() -> None:
+    class LateFailing(MultiNvml):
+        def nvmlDeviceGetRetiredPages(self, h: Any, cause: int) -> Any:
+            return map(int, [1, 2], [5, 5])  # int(1, 5) raises TypeError once listed: a binding bug
+
+    got, _pairs, error = read_nvml_probe(LateFailing(FakeGpu()), 1)
+    assert error is None and got[0]["retired_pages"]["single_bit"] is None
+    assert got[0]["bar1_total_bytes"] == 128 * GIB
+
+
 def test_pcie_pairs_take_the_slower_link() -> None:
     probe = h200x4()
     probe["pairs"][0]["nvlink"] = 5

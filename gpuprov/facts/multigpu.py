@@ -73,6 +73,16 @@ def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, int | bool) else None
 
 
+def _count(pages: Any) -> int | None:
+    """How many retired pages NVML listed (some bindings hand back a lazy map that fails late)."""
+    if pages is None:
+        return None
+    try:
+        return len(list(pages))
+    except (TypeError, ValueError):
+        return None
+
+
 def _nvlinks(ask: Any, h: Any) -> list[dict[str, Any]]:
     """One entry per link NVML knows on this GPU (none on a GPU without NVLink)."""
     links = []
@@ -115,8 +125,8 @@ def _nvml_gpu(ask: Any, h: Any) -> dict[str, Any]:
             "aggregate_uncorrected": _int(ask("nvmlDeviceGetTotalEccErrors", h, ECC_UNCORRECTED, ECC_AGGREGATE)),
         },
         "retired_pages": {
-            "single_bit": None if sbe is None else len(list(sbe)),
-            "double_bit": None if dbe is None else len(list(dbe)),
+            "single_bit": _count(sbe),
+            "double_bit": _count(dbe),
             "pending": _int(ask("nvmlDeviceGetRetiredPagesPendingStatus", h)),
         },
         "remapped_rows": None

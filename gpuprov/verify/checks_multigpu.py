@@ -115,18 +115,22 @@ def _gpu(probe: dict[str, Any], index: int) -> dict[str, Any]:
     return next((g for g in probe["gpus"] if g["index"] == index), {"index": index})
 
 
-def pair_nvlinks(a: dict[str, Any], b: dict[str, Any]) -> tuple[int, int | None]:
-    """(links that join GPU a and b, their NVLink version): links from one to the other's
-    address, else, when both reach NVSwitches, the fewer of their switch links."""
+def pair_nvlinks(a: dict[str, Any], b: dict[str, Any]) -> tuple[int, int | None, bool]:
+    """(links that join GPU a and b, their NVLink version, whether the links were told
+    apart): links from one to the other's address, else, when both reach NVSwitches, the
+    fewer of their switch links; else (NVML names no remote, as in some guests) the fewer
+    of their active links."""
     la = [x for x in _nvml(a).get("nvlinks") or [] if x.get("active")]
     lb = [x for x in _nvml(b).get("nvlinks") or [] if x.get("active")]
     version = next((x.get("version") for x in la + lb if x.get("version")), None)
     direct = sum(1 for x in la if x.get("remote_address") and x["remote_address"] == b.get("address"))
     if direct:
-        return direct, version
+        return direct, version, True
     sa = sum(1 for x in la if x.get("remote_type") == "switch")
     sb = sum(1 for x in lb if x.get("remote_type") == "switch")
-    return min(sa, sb), version
+    if sa and sb:
+        return min(sa, sb), version, True
+    return min(len(la), len(lb)), version, False
 
 
 def pair_peak(probe: dict[str, Any], a_index: int, b_index: int) -> tuple[float | None, str]:
@@ -136,10 +140,10 @@ def pair_peak(probe: dict[str, Any], a_index: int, b_index: int) -> tuple[float 
     a, b = _gpu(probe, a_index), _gpu(probe, b_index)
     pair = next((p for p in probe["pairs"] if sorted(p["gpus"]) == sorted([a_index, b_index])), {})
     if pair.get("nvlink") == P2P_OK:
-        links, version = pair_nvlinks(a, b)
+        links, version, told = pair_nvlinks(a, b)
         rate = NVLINK_GBPS_PER_LINK.get(version or 0)
         if links and rate:
-            return links * rate, f"NVLink{version} x{links}"
+            return links * rate, f"NVLink{version} x{links}" + ("" if told else " (each GPU's active links)")
         return None, "NVLink (links or version not known)"
     peaks = [(g.get("pcie") or {}).get("peak_gbps") for g in (a, b)]
     if None in peaks:
