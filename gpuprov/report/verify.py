@@ -12,6 +12,7 @@ from ..facts.pci import PciLink
 from ..facts.vgpu_profile import parse_profile
 from ..verify.base import STATUSES, Check, pci_link
 from ..verify.checks_bench import bench_figures
+from ..verify.checks_multigpu import multigpu_probe
 from ..verify.gather import VerifyFacts
 
 SCHEMA = "gpuprov.verify/v1"
@@ -102,6 +103,7 @@ def build_report(facts: VerifyFacts, checks: list[Check]) -> dict[str, Any]:
             "backend": facts.bench_backend,
             "results": [{**asdict(r), **bench_figures(facts, r)} for r in facts.bench],
         },
+        "multigpu": multigpu_probe(facts),
         "checks": [asdict(c) for c in checks],
         "summary": {**counts, "passed": counts["fail"] == 0},
     }

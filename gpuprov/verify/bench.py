@@ -286,3 +286,105 @@ def _cupy_bench(
         end.synchronize()
         result.matmul_n, result.matmul_dtype = n, "float16"
         result.matmul_tflops = 2 * n**3 * reps / (cp.cuda.get_elapsed_time(start, end) / 1e3) / 1e12
+
+
+# ---------------------------------------------------------------- GPU to GPU
+
+# NVLink data rate per link and direction, in GB/s, by NVML's NVLink version (NVIDIA's
+# datasheets: P100 4 links 160 GB/s, V100 6 links 300 GB/s, A100 12 links 600 GB/s,
+# H100/H200 SXM 18 links 900 GB/s, B200 18 links 1.8 TB/s, each total of both directions).
+NVLINK_GBPS_PER_LINK = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+
+
+@dataclass
+class P2pResult:
+    src_device: int  # CUDA device indexes
+    dst_device: int
+    src_gpu: int | None  # the GPUs (NVML / nvidia-smi index) they are, when matched
+    dst_gpu: int | None
+    backend: str
+    peer_access: bool | None = None  # what CUDA says (cudaDeviceCanAccessPeer)
+    buffer_bytes: int = 0
+    iterations: int = 0
+    gbps: float | None = None
+    error: str | None = None
+
+
+def run_p2p_bench(
+    backend: tuple[str, Any], gpus: list[GpuInfo], *, size: int = 1 << 28, iterations: int = 20
+) -> list[P2pResult]:
+    """Copy ``size`` bytes from each CUDA device to each other one, timed with CUDA events
+    on the source device (where CUDA runs a peer copy); a pair that fails gets its ``error``."""
+    name, mod = backend
+    count = mod.cuda.device_count() if name == "torch" else mod.cuda.runtime.getDeviceCount()
+    matched = []
+    for dev in range(count):
+        uuid, address, _name = _device_ids(name, mod, dev)
+        gpu = _match(gpus, uuid, address, dev)
+        matched.append(None if gpu is None else gpu.index)
+    results = []
+    for src in range(count):
+        for dst in range(count):
+            if src == dst:
+                continue
+            result = P2pResult(src, dst, matched[src], matched[dst], name)
+            try:
+                if name == "torch":
+                    _torch_p2p(mod, result, size, iterations)
+                else:
+                    _cupy_p2p(mod, result, size, iterations)
+            except Exception as exc:  # noqa: BLE001 - a CUDA error of any kind is this pair's result
+                said = str(exc).strip()
+                result.error = f"{type(exc).__name__}: {said.splitlines()[0] if said else ''}"
+            results.append(result)
+    return results
+
+
+def _torch_p2p(torch: Any, result: P2pResult, size: int, iterations: int) -> None:
+    src, dst = torch.device("cuda", result.src_device), torch.device("cuda", result.dst_device)
+    result.peer_access = bool(torch.cuda.can_device_access_peer(result.src_device, result.dst_device))
+    with torch.cuda.device(src):
+        a = torch.empty(size, dtype=torch.uint8, device=src)
+        b = torch.empty(size, dtype=torch.uint8, device=dst)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        b.copy_(a, non_blocking=True)  # warm-up: enables peer access, wakes both links
+        torch.cuda.synchronize(src)
+        torch.cuda.synchronize(dst)
+        start.record()
+        for _round in range(iterations):
+            b.copy_(a, non_blocking=True)
+        end.record()
+        end.synchronize()
+        torch.cuda.synchronize(dst)
+        result.buffer_bytes, result.iterations = size, iterations
+        result.gbps = size * iterations / (start.elapsed_time(end) / 1e3) / 1e9
+        del a, b
+    for dev in (src, dst):
+        with torch.cuda.device(dev):
+            torch.cuda.empty_cache()
+
+
+def _cupy_p2p(cp: Any, result: P2pResult, size: int, iterations: int) -> None:
+    rt = cp.cuda.runtime
+    s, d = result.src_device, result.dst_device
+    result.peer_access = bool(rt.deviceCanAccessPeer(s, d))
+    with cp.cuda.Device(d):
+        b = cp.cuda.alloc(size)
+    with cp.cuda.Device(s):
+        if result.peer_access:
+            try:
+                rt.deviceEnablePeerAccess(d)
+            except rt.CUDARuntimeError:  # already enabled by an earlier run
+                pass
+        a = cp.cuda.alloc(size)
+        stream = cp.cuda.Stream(non_blocking=True)
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        rt.memcpyPeerAsync(b.ptr, d, a.ptr, s, size, stream.ptr)
+        stream.synchronize()
+        start.record(stream)
+        for _round in range(iterations):
+            rt.memcpyPeerAsync(b.ptr, d, a.ptr, s, size, stream.ptr)
+        end.record(stream)
+        end.synchronize()
+        result.buffer_bytes, result.iterations = size, iterations
+        result.gbps = size * iterations / (cp.cuda.get_elapsed_time(start, end) / 1e3) / 1e9

@@ -9,8 +9,12 @@ GPU machine, and checks, each with ok/warn/fail/skip and a fix:
 - MIG state, when MIG is on;
 - Docker's and containerd's NVIDIA runtime, CDI specs vs the GPUs seen;
 - with the docker SDK and an engine: a container that asks for the GPU runs ``nvidia-smi -L``;
+- per pair of GPUs, peer access (NVML); per GPU its NVLink links, NUMA node against this
+  process's CPUs, BAR1 mapped in full; health: Xid events, ECC errors, remapped rows or
+  retired pages, clock event reasons (:mod:`.checks_multigpu`);
 - ``--bench``: pinned host<->device bandwidth and a bf16 matmul (torch or cupy),
-  as fractions of the link's and the GPU's peak.
+  as fractions of the link's and the GPU's peak, and each GPU-to-GPU copy against the
+  NVLink or PCIe peak between them.
 
 :func:`gpuprov.verify.gather.gather` reads the facts; :func:`evaluate` is a pure
 function from facts to checks (by area: :mod:`.checks_gpu`, :mod:`.checks_containers`,
@@ -24,6 +28,7 @@ from .base import Check
 from .checks_bench import check_bench
 from .checks_containers import check_cdi, check_container, check_containerd, check_docker
 from .checks_gpu import check_driver, check_gpus, check_link, check_mig, check_vgpu, check_vgpu_license
+from .checks_multigpu import judge_multigpu, multigpu_probe
 from .gather import VerifyFacts
 
 
@@ -47,4 +52,5 @@ def evaluate(facts: VerifyFacts) -> list[Check]:
         checks.append(Check("vgpu-memory", "skip", f"no vGPU here ({modes or 'no GPU seen'})"))
     checks += [check_docker(facts), check_containerd(facts), check_cdi(facts), check_container(facts)]
     checks += check_bench(facts)
+    checks += judge_multigpu(multigpu_probe(facts), bench_requested=facts.bench_requested)
     return checks

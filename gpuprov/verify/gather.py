@@ -31,9 +31,10 @@ from ..facts.gpus import (
     parse_smi_xml,
     run_nvidia_smi,
 )
+from ..facts.multigpu import read_multigpu
 from ..facts.pci import PciDevice, read_pci_device, read_pci_devices
 from ..facts.sysfs import Sysfs
-from .bench import BenchResult
+from .bench import BenchResult, P2pResult
 
 NVIDIA = 0x10DE
 AUTO = "auto"  # import the optional module if it is there
@@ -60,6 +61,8 @@ class VerifyFacts:
     bench_requested: bool = False
     bench_backend: str | None = None
     bench: list[BenchResult] = field(default_factory=list)
+    multigpu: dict[str, Any] | None = None  # the probe (gpuprov.facts.multigpu), None when no GPU is seen
+    p2p_bench: list[P2pResult] | None = None  # --bench with two GPUs or more
 
     @property
     def gpus(self) -> list[GpuInfo]:
@@ -197,6 +200,9 @@ def gather(
         bench_requested=bench,
     )
 
+    if facts.gpus:
+        facts.multigpu = read_multigpu(sysfs, facts.gpus, nvml=nvml if facts.gpus_from == "nvml" else None)
+
     if not run_container:
         facts.container_skip = no_container_reason
     elif not live and docker == AUTO:
@@ -220,10 +226,12 @@ def gather(
             facts.docker.engine_runtimes = facts.container.engine_runtimes
 
     if bench and facts.gpus:
-        from .bench import load_backend, run_bench
+        from .bench import load_backend, run_bench, run_p2p_bench
 
         backend = (load_backend() if live else None) if bench_backend == AUTO else bench_backend
         if backend is not None:
             facts.bench_backend = backend[0]
             facts.bench = run_bench(backend, facts.gpus, sample_link=_link_sampler(sysfs, facts, nvml))
+            if len(facts.gpus) > 1:
+                facts.p2p_bench = run_p2p_bench(backend, facts.gpus)
     return facts
