@@ -1,0 +1,346 @@
+"""The fleet figure of a no-op run: facts-only play against a no-op converge, on N hosts.
+
+Each fake host is an inventory entry with ``ansible_connection: local`` and its own staged
+root: a copy of a real capture (``tests/fixtures/hosts``, unpacked by the CLI's own safe
+reader) plus a GRUB defaults file that already holds the IOMMU arguments. In the same run,
+over the same hosts and forks, two plays are timed (``time.perf_counter`` around
+``ansible-playbook``, and the per-task profile of ``ansible.posix.profile_tasks``):
+
+* facts-only: ``gpuprov.kvm.gpu_host_facts`` on the staged root;
+* no-op converge: ``gpu_host_model`` (a ``gpuprov_host`` declaring the capture's GPU
+  ``use: passthrough``), ``vfio_bind`` (the model's devices), ``kernel_cmdline`` and
+  ``gpu_vgpu`` (an empty layout), each with ``root`` the staged root. The roots are converged
+  once, unmeasured, first; the measured run must change nothing (else exit 1).
+
+Per forks it prints t(N), the ratio, the per-host marginal cost (t(N) - t(1)) / (N - 1) and
+the projection t(1) + 999 x marginal to 1,000 hosts (docs/development/benchmarks.md).
+
+    python bench/fleet.py                          # 1, 10, 50 hosts at forks 10 and 50
+    python bench/fleet.py --hosts 1,10 --forks 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(REPO))
+
+HOSTS = REPO / "tests" / "fixtures" / "hosts"
+PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+FLEET_SIZE = 1000
+# The IOMMU arguments iommu_host sets on an Intel host; the staged GRUB file already has them.
+KERNEL_ARGUMENTS = ["intel_iommu=on", "iommu=pt"]
+GRUB = (
+    "GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\n"
+    f'GRUB_CMDLINE_LINUX_DEFAULT="quiet {" ".join(KERNEL_ARGUMENTS)}"\nGRUB_CMDLINE_LINUX=""\n'
+)
+
+FACTS_PLAY = [
+    {
+        "name": "facts only",
+        "hosts": "all",
+        "gather_facts": False,
+        "tasks": [{"name": "gpu_host_facts", "gpuprov.kvm.gpu_host_facts": {"root": "{{ gpuprov_root }}"}}],
+    }
+]
+CONVERGE_PLAY = [
+    {
+        "name": "no-op converge",
+        "hosts": "all",
+        "gather_facts": False,
+        "tasks": [
+            {
+                "name": "gpu_host_model",
+                "gpuprov.kvm.gpu_host_model": {"host": "{{ gpuprov_host }}", "root": "{{ gpuprov_root }}"},
+            },
+            {
+                "name": "vfio_bind",
+                "gpuprov.kvm.vfio_bind": {"devices": "{{ gpuprov_model.vfio_devices }}", "root": "{{ gpuprov_root }}"},
+            },
+            {
+                "name": "kernel_cmdline",
+                "gpuprov.kvm.kernel_cmdline": {"arguments": KERNEL_ARGUMENTS, "root": "{{ gpuprov_root }}"},
+            },
+            {"name": "gpu_vgpu", "gpuprov.kvm.gpu_vgpu": {"gpus": {}, "root": "{{ gpuprov_root }}"}},
+        ],
+    }
+]
+
+# "h7   : ok=4    changed=0    unreachable=0    failed=0 ..." (the default callback's recap)
+RECAP_RE = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+# profile_tasks' recap: "gpu_host_facts ------------------------ 1.62s"
+PROFILE_RE = re.compile(r"^(.+?) -{3,} (\d+(?:\.\d+)?)s$", re.M)
+
+
+@dataclass
+class PlayRun:
+    seconds: float
+    recap: dict[str, int]
+    profile: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class Point:
+    hosts: int
+    forks: int
+    facts: PlayRun
+    noop: PlayRun
+    # The run these figures come from, when forks >= hosts made it the same as another forks.
+    same_as_forks: int | None = None
+
+    @property
+    def ratio(self) -> float:
+        return self.noop.seconds / self.facts.seconds if self.facts.seconds else float("nan")
+
+
+def refuse(message: str) -> NoReturn:
+    """Bad input: the message (naming the option and the fix) on stderr, exit 2, no traceback."""
+    print(f"fleet.py: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def marginal(t_n: float, t_1: float, n: int) -> float:
+    """Per-host marginal cost: (t(N) - t(1)) / (N - 1); NaN for N = 1."""
+    return (t_n - t_1) / (n - 1) if n > 1 else float("nan")
+
+
+def projection(t_1: float, per_host: float, fleet: int = FLEET_SIZE) -> float:
+    """t(1) + (fleet - 1) x marginal: the run time on ``fleet`` hosts, at the same forks."""
+    return t_1 + (fleet - 1) * per_host
+
+
+def not_a_noop(run: PlayRun, hosts: int) -> str | None:
+    """The loud message when a measured converge changed anything: its figures are not a no-op's."""
+    if not run.recap["changed"]:
+        return None
+    return (
+        f"\n!!! NOT A NO-OP: the measured converge on {hosts} hosts changed {run.recap['changed']} "
+        "task result(s): its figures are not a no-op run's\n"
+    )
+
+
+def parse_counts(text: str, option: str) -> list[int]:
+    """``"1,10,50"`` -> [1, 10, 50]; exit 2 naming the option on anything else."""
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        refuse(f"{option} {text!r}: give positive integers separated by commas, e.g. 1,10,50")
+    return values
+
+
+def declaration(gpu: str) -> dict[str, Any]:
+    """The ``gpuprov_host`` of every fake host: the capture's GPU, whole, to VMs."""
+    return {"gpus": [{"name": "gpu", "address": gpu, "use": "passthrough"}]}
+
+
+def inventory(roots: list[Path], gpu: str, python: str) -> dict[str, Any]:
+    """One inventory entry per staged root: local connection, its root, its declaration."""
+    hosts = {
+        f"fleet{i:04d}": {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": python,
+            "gpuprov_root": str(root),
+            "gpuprov_host": declaration(gpu),
+        }
+        for i, root in enumerate(roots, 1)
+    }
+    return {"all": {"hosts": hosts}}
+
+
+def recap_totals(text: str) -> dict[str, int]:
+    """Sums of the PLAY RECAP counters over hosts, plus the number of hosts it lists."""
+    totals = {"hosts": 0, "ok": 0, "changed": 0, "unreachable": 0, "failed": 0}
+    for m in RECAP_RE.finditer(text):
+        totals["hosts"] += 1
+        for key, value in zip(("ok", "changed", "unreachable", "failed"), m.groups()[1:], strict=True):
+            totals[key] += int(value)
+    return totals
+
+
+def task_profile(text: str) -> list[tuple[str, float]]:
+    """profile_tasks' recap: (task, seconds) in task order."""
+    recap = text.rsplit("TASKS RECAP", 1)[-1] if "TASKS RECAP" in text else ""
+    return [(name.strip(), float(s)) for name, s in PROFILE_RE.findall(recap)]
+
+
+def stage(capture: Path, dest: Path, count: int) -> list[Path]:
+    """``count`` copies of the capture under ``dest``, each with the converged GRUB file."""
+    from gpuprov.cli import rootfs
+
+    if dest.exists():  # a kept --workdir from an earlier run
+        shutil.rmtree(dest)
+    template = dest / "template"
+    template.mkdir(parents=True)
+    try:
+        rootfs.unpack(str(capture), str(template))
+    except rootfs.CaptureRefused as exc:
+        refuse(f"--capture: {exc}")
+    (template / "etc/default").mkdir(parents=True, exist_ok=True)
+    (template / "etc/default/grub").write_text(GRUB)
+    roots = []
+    for i in range(1, count + 1):
+        root = dest / f"host{i:04d}"
+        shutil.copytree(template, root, symlinks=True)
+        roots.append(root)
+    return roots
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / "build" / "collections"),
+        ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks",
+        PROFILE_TASKS_SORT_ORDER="none",  # task order, not slowest first
+        PROFILE_TASKS_TASK_OUTPUT_LIMIT="all",
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_HOST_KEY_CHECKING="False",
+        ANSIBLE_LOCALHOST_WARNING="0",
+        # The modules' own gpuprov is the one AnsiballZ ships from the collection.
+        PYTHONPATH=str(REPO),
+    )
+    return env
+
+
+def play(playbook: Path, inv: Path, hosts: int, forks: int, env: dict[str, str]) -> PlayRun:
+    cmd = [str(PLAYBOOK), "-i", str(inv), "-f", str(forks), "-l", f"all[0:{hosts - 1}]", str(playbook)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=REPO)
+    seconds = time.perf_counter() - start
+    recap = recap_totals(proc.stdout)
+    if proc.returncode != 0 or recap["hosts"] != hosts or recap["failed"] or recap["unreachable"]:
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise SystemExit(f"fleet.py: {playbook.name} on {hosts} hosts failed (rc {proc.returncode}):\n{tail}")
+    return PlayRun(seconds, recap, task_profile(proc.stdout))
+
+
+def _fmt(x: float, width: int, digits: int = 2) -> str:
+    return f"{'-':>{width}}" if x != x else f"{x:>{width}.{digits}f}"  # NaN (N = 1) as "-"
+
+
+def table(points: list[Point]) -> str:
+    head = (
+        f"{'hosts':>5} {'forks':>5} {'facts s':>8} {'no-op s':>8} {'ratio':>6} {'facts s/host':>12}"
+        f" {'no-op s/host':>12} {'facts @1000 s':>13} {'no-op @1000 s':>13}"
+    )
+    rows = [head, "-" * len(head)]
+    one = {p.forks: p for p in points if p.hosts == 1}
+    for p in points:
+        base = one.get(p.forks)
+        mf = marginal(p.facts.seconds, base.facts.seconds, p.hosts) if base else float("nan")
+        mn = marginal(p.noop.seconds, base.noop.seconds, p.hosts) if base else float("nan")
+        pf = projection(base.facts.seconds, mf) if base else float("nan")
+        pn = projection(base.noop.seconds, mn) if base else float("nan")
+        note = f"  (same run as forks {p.same_as_forks}: hosts <= forks)" if p.same_as_forks else ""
+        rows.append(
+            f"{p.hosts:>5} {p.forks:>5} {p.facts.seconds:>8.2f} {p.noop.seconds:>8.2f} {_fmt(p.ratio, 6)}"
+            f" {_fmt(mf, 12, 3)} {_fmt(mn, 12, 3)} {_fmt(pf, 13, 0)} {_fmt(pn, 13, 0)}{note}"
+        )
+    return "\n".join(rows)
+
+
+def profile_text(point: Point) -> str:
+    lines = [f"per-task profile (profile_tasks), {point.hosts} hosts, forks {point.forks}:"]
+    for label, run in (("facts-only", point.facts), ("no-op", point.noop)):
+        tasks = ", ".join(f"{name} {s:.2f} s" for name, s in run.profile) or "(none printed)"
+        lines.append(f"  {label:<10} {tasks}")
+    return "\n".join(lines)
+
+
+def _ansible_version(env: dict[str, str]) -> str:
+    out = subprocess.run([str(PLAYBOOK), "--version"], env=env, capture_output=True, text=True, check=False)
+    return out.stdout.splitlines()[0] if out.stdout else "ansible-playbook: unknown version"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="facts-only play vs no-op converge on N local fake hosts")
+    p.add_argument("--hosts", default="1,10,50", help="fleet sizes, comma-separated (1 is always run)")
+    p.add_argument("--forks", default="10,50", help="ansible forks, comma-separated")
+    p.add_argument("--capture", type=Path, default=HOSTS / "gpu-audio.tar.gz", help="the capture every host is")
+    p.add_argument("--gpu", default="0000:01:00.0", help="the capture's GPU, declared use: passthrough")
+    p.add_argument("--workdir", type=Path, help="stage the roots here (kept); default a temp dir, removed")
+    a = p.parse_args(argv)
+    sizes = sorted(set(parse_counts(a.hosts, "--hosts")) | {1})
+    forks_list = parse_counts(a.forks, "--forks")
+    from gpuprov.facts.pci import PciAddressError, normalize_address
+
+    try:
+        gpu = normalize_address(a.gpu)
+    except PciAddressError as exc:
+        refuse(f"--gpu: {exc}")
+    if not PLAYBOOK.exists():
+        p.error(f"{PLAYBOOK} not found: install the test extra (ansible-core)")
+
+    built = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "build_collection.py")], capture_output=True, text=True, check=False
+    )
+    if built.returncode != 0:
+        raise SystemExit(f"fleet.py: tools/build_collection.py failed:\n{built.stdout}{built.stderr}")
+    env = _env()
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="gpuprov-fleet-"))
+    work.mkdir(parents=True, exist_ok=True)
+    points: list[Point] = []
+    try:
+        roots = stage(a.capture, work / "roots", sizes[-1])
+        inv = work / "inventory.yml"  # JSON is YAML: the yaml inventory plugin reads it
+        inv.write_text(json.dumps(inventory(roots, gpu, sys.executable), indent=1))
+        facts_pb, converge_pb = work / "facts.yml", work / "converge.yml"
+        facts_pb.write_text(json.dumps(FACTS_PLAY, indent=1))
+        converge_pb.write_text(json.dumps(CONVERGE_PLAY, indent=1))
+
+        print(f"converging {sizes[-1]} staged roots once (not measured) ...", file=sys.stderr)
+        play(converge_pb, inv, sizes[-1], max(forks_list), env)
+        done: dict[tuple[int, int], Point] = {}
+        for forks in forks_list:
+            for n in sizes:
+                # With hosts <= forks, a larger forks runs the same way: reuse that run.
+                key = (n, min(n, forks))
+                if key in done:
+                    points.append(Point(n, forks, done[key].facts, done[key].noop, same_as_forks=done[key].forks))
+                    continue
+                print(f"{n} hosts, forks {forks} ...", file=sys.stderr)
+                facts = play(facts_pb, inv, n, forks, env)
+                noop = play(converge_pb, inv, n, forks, env)
+                point = Point(n, forks, facts, noop)
+                done[key] = point
+                points.append(point)
+                problem = not_a_noop(noop, n)
+                if problem:
+                    print(profile_text(point))
+                    print(problem)
+                    return 1
+    finally:
+        if a.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} cores, load average {load:.2f} (1 min, at the end); {_ansible_version(env)}")
+    python = sys.version.split()[0]
+    print(f"capture {a.capture.name}, GPU {gpu} declared passthrough; connection local; Python {python}")
+    print(table(points))
+    measured = [pt for pt in points if not pt.same_as_forks]
+    changed = sum(pt.noop.recap["changed"] for pt in measured)
+    results = sum(pt.noop.recap["ok"] for pt in measured)
+    print(f"no-op runs: changed={changed} over {results} task results ({len(measured)} measured runs)")
+    for forks in sorted({pt.forks for pt in measured}):
+        print(profile_text(max((pt for pt in measured if pt.forks == forks), key=lambda pt: pt.hosts)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
