@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The guest stage (playbooks/guests.yml: guest_nvidia_driver, guest_container_toolkit, gpu_verify)
+# run through ansible-playbook against localhost on a GPU guest: check mode, apply, apply again.
+# Made for the device machines (no package registry: ansible-core comes as wheels in .whl/, the
+# collection as build/collections from tools/build_collection.py); every log goes to $OUT.
+#   tools/device/guest-stage.sh [extra ansible-playbook args]
+set -uo pipefail
+OUT=${OUT:-/tmp/guest-stage}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 2
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/build/collections
+export ANSIBLE_CONFIG=/dev/null ANSIBLE_NOCOLOR=1 ANSIBLE_CALLBACKS_ENABLED=profile_tasks ANSIBLE_FORCE_COLOR=0
+PY=$(command -v python3)
+cat > "$OUT/inventory.yml" <<INV
+gpu_guests:
+  hosts:
+    localhost:
+      ansible_connection: local
+      ansible_python_interpreter: $PY
+INV
+snapshot() { find /etc /var/lib/dpkg/status -xdev -type f 2>/dev/null | sort | xargs -r sha256sum 2>/dev/null | sha256sum; }
+play() {
+  local name=$1; shift
+  local start=$SECONDS
+  python3 -m ansible.cli.playbook -i "$OUT/inventory.yml" playbooks/guests.yml "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc $((SECONDS - start))s: $(grep -E '^localhost +:' "$OUT/$name.log" | tail -1)"
+}
+echo "etc before: $(snapshot)" | tee "$OUT/snapshots.txt"
+play check --check --diff "$@"
+echo "etc after check: $(snapshot)" | tee -a "$OUT/snapshots.txt"
+play driver-verify --tags guest_driver,verify "$@"
+play driver-verify-again --tags guest_driver,verify "$@"
+echo "etc after driver+verify: $(snapshot)" | tee -a "$OUT/snapshots.txt"
+play toolkit --tags containers "$@"
+echo "etc after toolkit: $(snapshot)" | tee -a "$OUT/snapshots.txt"
+grep -hE "FAILED|fatal|msg" "$OUT"/toolkit.log | head -20
