@@ -10,7 +10,11 @@ tests/fixtures/guest-driver/h100-vendor-image holds those, read on the same kind
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,9 +30,13 @@ from gpuprov.plan.guest_driver import (
     RhelRepo,
     plan_guest_driver,
 )
+from tests.conftest import collections_path, tree_digest
 from tests.fakehost import FakeHost
 from tests.modrun import run_in_process
+from tests.test_modules import bare_python as bare_python  # a fixture: re-exported for pytest
 
+REPO = Path(__file__).resolve().parents[1]
+PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 VENDOR_IMAGE = Path(__file__).parent / "fixtures" / "guest-driver" / "h100-vendor-image"
 KERNEL = "6.8.0-45-generic"
 GPU = "0000:00:06.0"
@@ -261,3 +269,49 @@ def test_module_rejects_a_malformed_branch(tmp_path: Path) -> None:
     guest(tmp_path)
     result = run_in_process("guest_driver", {"root": str(tmp_path), "branch": "580; rm -rf /"}, check=True)
     assert result["failed"] and "branch" in result["msg"]
+
+
+# ---------------------------------------------------------------- the role, through ansible-playbook
+
+
+def play_role(python: str, root: Path, tmp_path: Path, *, check: bool) -> str:
+    """The role on ``root`` (localhost, no facts gathered), as the guest stage runs it; its output."""
+    collections_path()
+    playbook = tmp_path / "driver.yml"
+    playbook.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  roles:\n    - role: gpuprov.kvm.guest_nvidia_driver\n"
+        f"      guest_nvidia_driver_root: {root}\n"
+    )
+    cmd = [PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={python}", str(playbook)]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    out = subprocess.run(cmd + (["--check"] if check else []), cwd=REPO, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    return out.stdout
+
+
+def recap_changed(output: str) -> int:
+    return int(re.search(r"localhost\s*: ok=\d+\s+changed=(\d+)", output).group(1))  # type: ignore[union-attr]
+
+
+def test_role_leaves_the_device_machines_driver_alone(bare_python: str, vendor_image: Path, tmp_path: Path) -> None:
+    """On a target interpreter without python3-apt (or anything else): check mode, then apply, change nothing."""
+    before = tree_digest(vendor_image)
+    for check in (True, False):
+        output = play_role(bare_python, vendor_image, tmp_path, check=check)
+        assert recap_changed(output) == 0, output
+        assert "working: NVIDIA driver 580.159.04 (loaded)" in output and "nothing to do" in output
+    assert tree_digest(vendor_image) == before
+
+
+def test_role_installs_on_a_guest_without_a_driver_then_changes_nothing(bare_python: str, tmp_path: Path) -> None:
+    root = tmp_path / "guest"
+    guest(root)
+    output = play_role(bare_python, root, tmp_path, check=True)
+    assert recap_changed(output) == 1 and "missing: no NVIDIA driver" in output
+    assert not (root / NOUVEAU_CONF).exists()
+    output = play_role(bare_python, root, tmp_path, check=False)
+    # Files are written below the staged root; apt, ubuntu-drivers and modprobe are reported, not run.
+    assert (root / NOUVEAU_CONF).read_text() == NOUVEAU_TEXT
+    assert "restricted" in (root / "etc/apt/sources.list").read_text()
+    assert "ubuntu-drivers install --gpgpu" in output and "not run (root" in output
+    assert recap_changed(play_role(bare_python, root, tmp_path, check=False)) == 0

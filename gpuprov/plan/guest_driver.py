@@ -78,6 +78,8 @@ def describe_installed(facts: GuestDriverFacts) -> str:
         "run": f"by NVIDIA's .run installer ({inst.run_installer})",
         "unknown": "by neither a package nor NVIDIA's .run installer (a vendor image's?)",
     }.get(inst.source or "", "with no user-space libraries")
+    if inst.source is None and not drv.loaded:
+        return "no NVIDIA driver"
     state = "loaded" if drv.loaded else "not loaded"
     return f"NVIDIA driver {version} ({state}), installed {how}"
 

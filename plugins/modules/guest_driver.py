@@ -54,7 +54,9 @@ options:
     choices: [auto, "true", "false"]
     default: auto
   vgpu_package:
-    description: The vGPU guest driver's file name (only whether it is given counts, for O(vgpu=auto)).
+    description:
+      - The vGPU guest driver's file name; only whether it is given counts (O(vgpu=auto) takes the guest as a vGPU
+        guest; O(vgpu=true) without it and without a running vGPU driver is refused).
     type: str
     default: ""
   rhel_repo_name:
@@ -211,7 +213,7 @@ def main() -> None:
     sysfs = Sysfs(p["root"])
     vgpu = p["vgpu"] == "true" or (p["vgpu"] == "auto" and bool(p["vgpu_package"]))
     reported, vgpu_seen = None, False
-    if p["vgpu"] == "auto" and not vgpu and read_driver(sysfs).loaded:
+    if p["vgpu"] != "false" and not p["vgpu_package"] and read_driver(sysfs).loaded:
         # Only the driver knows a vGPU: ask it (NVML or nvidia-smi; a capture's nvidia-smi output elsewhere).
         live = sysfs.live
         gpu_list, _error = query_gpus(
@@ -220,6 +222,13 @@ def main() -> None:
         if gpu_list is not None:
             reported = gpu_list.driver_version
             vgpu_seen = any(g.virtualization_mode == "vgpu" for g in gpu_list.gpus)
+    if p["vgpu"] == "true" and not p["vgpu_package"] and not vgpu_seen:
+        module.fail_json(
+            msg="this VM has a vGPU (vgpu: true) and no vGPU guest driver is running, but vgpu_package is empty, "
+            "nothing changed: the distributions' drivers do not drive a vGPU; download NVIDIA's vGPU guest driver "
+            "(NVIDIA-Linux-x86_64-<version>-grid.run, or its .deb/.rpm) from the NVIDIA Licensing Portal, for the "
+            "host's vGPU manager release, and give its path (role: guest_nvidia_driver_vgpu_package)"
+        )
     facts = read_guest_driver(sysfs, reported_version=reported, vgpu_seen=vgpu_seen)
     os_ = facts.os
     sources = []
