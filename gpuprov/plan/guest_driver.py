@@ -77,7 +77,12 @@ def describe_installed(facts: GuestDriverFacts) -> str:
         "packages": "from the packages " + ", ".join(f"{p.name} {p.version}" for p in inst.packages),
         "run": f"by NVIDIA's .run installer ({inst.run_installer})",
         "unknown": "by neither a package nor NVIDIA's .run installer (a vendor image's?)",
-    }.get(inst.source or "", "with no user-space libraries")
+    }.get(
+        inst.source or "",
+        "with its libraries not found by name (the driver itself answered)"
+        if facts.reported_version
+        else "with no user-space libraries found",
+    )
     if inst.source is None and not drv.loaded:
         return "no NVIDIA driver"
     state = "loaded" if drv.loaded else "not loaded"
