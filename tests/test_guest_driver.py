@@ -194,6 +194,20 @@ def test_packages_of_another_branch_refused_unless_replaced(tmp_path: Path) -> N
     assert ["modprobe", "nvidia"] not in [a.argv for a in plan.actions]  # the old module is still loaded
 
 
+def test_dpkg_status_reading_is_strict(tmp_path: Path) -> None:
+    """Only installed driver packages with Debian package names count (a name reaches apt-get's argv)."""
+    fake = guest(tmp_path)
+    dpkg(fake, ("nvidia-driver-580-server-open", "580.95.05-0ubuntu1"), ("nvidia-driver-580 --allow-remove", "1"))
+    fake.write(
+        "var/lib/dpkg/status",
+        (tmp_path / "var/lib/dpkg/status").read_text()
+        + "\nPackage: libnvidia-compute-570\nStatus: deinstall ok config-files\nVersion: 570.1\n",
+    )
+    facts = read_guest_driver(Sysfs(str(tmp_path)))
+    assert [p.name for p in facts.install.packages] == ["nvidia-driver-580-server-open"]
+    assert facts.install.dpkg_status and facts.install.source == "packages"
+
+
 def test_run_installer_driver_replaced_with_its_uninstaller(tmp_path: Path) -> None:
     fake = guest(tmp_path)
     loaded(fake, "550.90.07", open_km=False)

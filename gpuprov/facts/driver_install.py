@@ -32,9 +32,11 @@ _SONAME = "libnvidia-ml.so.1"
 DPKG_STATUS = "var/lib/dpkg/status"
 # The packages that carry the driver on Debian and Ubuntu (nvidia-driver-580-server-open,
 # libnvidia-compute-580-server, nvidia-headless-580, Debian's nvidia-driver, nvidia-kernel-dkms ...).
+# Debian's package-name characters only: a name from the file ends up in apt-get's argv (replace).
+_NAME = r"[a-z0-9.+-]*"
 _DRIVER_PACKAGE = re.compile(
-    r"^(nvidia-driver(-\d+.*)?|nvidia-headless(-no-dkms)?-\d+.*|libnvidia-compute-\d+.*|nvidia-dkms-\d+.*"
-    r"|nvidia-(open-)?kernel-dkms|nvidia-kernel-common-\d+.*|nvidia-utils-\d+.*)$"
+    rf"^(nvidia-driver(-\d+{_NAME})?|nvidia-headless(-no-dkms)?-\d+{_NAME}|libnvidia-compute-\d+{_NAME}"
+    rf"|nvidia-dkms-\d+{_NAME}|nvidia-(open-)?kernel-dkms|nvidia-kernel-common-\d+{_NAME}|nvidia-utils-\d+{_NAME})$"
 )
 # NVIDIA's .run installer leaves these behind.
 RUN_INSTALLER_EVIDENCE = ("usr/bin/nvidia-installer", "usr/bin/nvidia-uninstall", "var/log/nvidia-installer.log")
