@@ -78,6 +78,7 @@ def test_there_are_modules() -> None:
         "gpu_verify",
         "gpu_vgpu",
         "gpu_vm",
+        "guest_driver",
         "kernel_cmdline",
         "vfio_bind",
     ]

@@ -1,0 +1,272 @@
+#!/usr/bin/python
+# Copyright: gpuprov contributors
+# Apache License 2.0
+"""Ansible module guest_driver: the NVIDIA driver of a GPU guest; a working one is left alone."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: guest_driver
+short_description: The NVIDIA driver in a GPU guest - leave a working one alone, install a missing one
+description:
+  - Reads the driver's state (the loaded module's version, the user-space libraries' version from their file
+    names, dpkg's status file read as a file, NVIDIA's C(.run) installer's traces, the distribution) and plans.
+  - A working driver - the module loaded, the libraries of the same version, the branch asked for (if any)
+    loaded - is left alone whatever installed it (distribution packages, NVIDIA's C(.run), a vendor image);
+    the task changes nothing.
+  - The module and the libraries at different versions (an update since boot) is a pending reboot
+    (RV(reboot_reasons)), never a reinstall.
+  - A driver of another branch, or a loaded module whose libraries cannot be found, is refused, naming what is
+    installed; with O(replace_other_driver) the plan removes it first (its packages, or NVIDIA's uninstaller)
+    and RV(removes) says what; a driver installed neither way is refused even then.
+  - A missing driver is installed as the distribution does it - Ubuntu C(ubuntu-drivers install --gpgpu) or
+    C(nvidia-driver-BRANCH-server(-open)), Debian's non-free C(nvidia-driver), the RHEL family's from NVIDIA's
+    CUDA repository - with the running kernel's headers (DKMS), nouveau blacklisted (and the initramfs rebuilt
+    when that file changes), then C(modprobe nvidia).
+  - Package managers run as commands; check mode needs no python3-apt.
+version_added: "0.2.0"
+author: gpuprov contributors (@gpuprov)
+options:
+  branch:
+    description: The driver branch (C(580)); empty for the distribution's choice. Debian refuses one.
+    type: str
+    default: ""
+  flavor:
+    description: NVIDIA's open GPU kernel modules or the proprietary ones, for a driver this installs.
+    type: str
+    choices: [open, proprietary]
+    default: open
+  replace_other_driver:
+    description: Remove a working driver of another branch (or one without libraries) and install this one.
+    type: bool
+    default: false
+  blacklist_nouveau:
+    description: Blacklist nouveau (modprobe.d and the initramfs) when a driver is installed or loaded here.
+    type: bool
+    default: true
+  vgpu:
+    description:
+      - C(auto) (a vGPU when O(vgpu_package) is given or the running driver reports one), C(true) or C(false).
+      - For a vGPU only the prerequisites are installed (headers, DKMS, compilers); NVIDIA's vGPU guest driver
+        comes from a file the role C(gpuprov.kvm.guest_nvidia_driver) installs.
+    type: str
+    choices: [auto, "true", "false"]
+    default: auto
+  vgpu_package:
+    description:
+      - The vGPU guest driver's file name; only whether it is given counts (O(vgpu=auto) takes the guest as a vGPU
+        guest; O(vgpu=true) without it and without a running vGPU driver is refused).
+    type: str
+    default: ""
+  rhel_repo_name:
+    description: The id of NVIDIA's CUDA repository on the RHEL family.
+    type: str
+    default: cuda-rhel
+  rhel_repo_url:
+    description: NVIDIA's CUDA repository for this release and architecture (RHEL family).
+    type: str
+    default: ""
+  rhel_repo_gpgkey:
+    description: The repository's signing key URL (RHEL family).
+    type: str
+    default: ""
+  rhel_epel:
+    description: Install EPEL first (DKMS comes from there) on the RHEL family.
+    type: bool
+    default: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpuprov.kvm.plan
+  - gpuprov.kvm.root
+attributes:
+  platform:
+    platforms: posix
+seealso:
+  - module: gpuprov.kvm.gpu_verify
+"""
+
+EXAMPLES = r"""
+- name: The distribution's driver, unless a working one is there
+  gpuprov.kvm.guest_driver:
+
+- name: Branch 580, replacing another branch if one is installed
+  gpuprov.kvm.guest_driver:
+    branch: "580"
+    replace_other_driver: true
+
+- name: What it would do on a captured guest
+  gpuprov.kvm.guest_driver:
+    root: /srv/captures/guest07
+  check_mode: true
+"""
+
+RETURN = r"""
+plan:
+  description: Every action, as text, in order (also in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - run env DEBIAN_FRONTEND=noninteractive apt-get update (refresh apt's lists)
+not_run:
+  description: Live actions (sysfs writes, commands) not run because O(root) is not C(/).
+  returned: always
+  type: list
+  elements: str
+refusals:
+  description: Why the module refused, one entry per problem; nothing was changed.
+  returned: failed
+  type: list
+  elements: dict
+  contains:
+    message:
+      description: The problem.
+      type: str
+      returned: always
+    fix:
+      description: How to fix it (null when the message says it).
+      type: str
+      returned: always
+    device:
+      description: The PCI address the problem concerns (null for none).
+      type: str
+      returned: always
+verdict:
+  description: C(working), C(reboot) (module and libraries differ), C(other), C(installed) (not loaded) or C(missing).
+  returned: always
+  type: str
+  sample: working
+installed:
+  description: What is installed, in words.
+  returned: always
+  type: str
+  sample: NVIDIA driver 580.159.04 (loaded), installed by NVIDIA's .run installer (/usr/bin/nvidia-installer)
+reboot_reasons:
+  description: Why a reboot is pending (empty when none is).
+  returned: always
+  type: list
+  elements: str
+removes:
+  description: What the plan removes first (O(replace_other_driver)).
+  returned: always
+  type: list
+  elements: str
+vgpu:
+  description: Whether this guest is taken as a vGPU guest.
+  returned: always
+  type: bool
+driver:
+  description: The facts the plan came from.
+  returned: always
+  type: dict
+  sample:
+    loaded: true
+    version: 580.159.04
+    library_version: 580.159.04
+    source: unknown
+    packages: []
+    run_installer: null
+    nouveau: false
+"""
+
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.driver import read_driver
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.driver_install import read_guest_driver
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.gpus import run_nvidia_smi
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.aptsources import plan_components
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import read_text
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest_driver import (
+    NOUVEAU_CONF,
+    GuestDriverOptions,
+    RhelRepo,
+    components_for,
+    plan_guest_driver,
+)
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.verify.gather import import_optional, query_gpus
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "branch": {"type": "str", "default": ""},
+            "flavor": {"type": "str", "choices": ["open", "proprietary"], "default": "open"},
+            "replace_other_driver": {"type": "bool", "default": False},
+            "blacklist_nouveau": {"type": "bool", "default": True},
+            "vgpu": {"type": "str", "choices": ["auto", "true", "false"], "default": "auto"},
+            "vgpu_package": {"type": "str", "default": ""},
+            "rhel_repo_name": {"type": "str", "default": "cuda-rhel"},
+            "rhel_repo_url": {"type": "str", "default": ""},
+            "rhel_repo_gpgkey": {"type": "str", "default": ""},
+            "rhel_epel": {"type": "bool", "default": True},
+            "root": {"type": "path", "default": "/"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    if not re.fullmatch(r"(\d{3,4})?", p["branch"]):
+        module.fail_json(msg=f"branch is {p['branch']!r}: a driver branch such as 580, or empty; nothing changed")
+    sysfs = Sysfs(p["root"])
+    vgpu = p["vgpu"] == "true" or (p["vgpu"] == "auto" and bool(p["vgpu_package"]))
+    reported, vgpu_seen = None, False
+    if p["vgpu"] != "false" and not p["vgpu_package"] and read_driver(sysfs).loaded:
+        # Only the driver knows a vGPU: ask it (NVML or nvidia-smi; a capture's nvidia-smi output elsewhere).
+        live = sysfs.live
+        gpu_list, _error = query_gpus(
+            sysfs, nvml=import_optional("pynvml") if live else None, source="auto", smi=run_nvidia_smi if live else None
+        )
+        if gpu_list is not None:
+            reported = gpu_list.driver_version
+            vgpu_seen = any(g.virtualization_mode == "vgpu" for g in gpu_list.gpus)
+    if p["vgpu"] == "true" and not p["vgpu_package"] and not vgpu_seen:
+        module.fail_json(
+            msg="this VM has a vGPU (vgpu: true) and no vGPU guest driver is running, but vgpu_package is empty, "
+            "nothing changed: the distributions' drivers do not drive a vGPU; download NVIDIA's vGPU guest driver "
+            "(NVIDIA-Linux-x86_64-<version>-grid.run, or its .deb/.rpm) from the NVIDIA Licensing Portal, for the "
+            "host's vGPU manager release, and give its path (role: guest_nvidia_driver_vgpu_package)"
+        )
+    facts = read_guest_driver(sysfs, reported_version=reported, vgpu_seen=vgpu_seen)
+    os_ = facts.os
+    sources = []
+    components = components_for(os_.id)
+    if components and os_.codename:
+        sources = plan_components(sysfs, os_.codename, components)[0].actions
+    repo = RhelRepo(p["rhel_repo_name"], p["rhel_repo_url"], p["rhel_repo_gpgkey"]) if p["rhel_repo_url"] else None
+    opts = GuestDriverOptions(
+        branch=p["branch"] or None,
+        flavor=p["flavor"],
+        replace_other_driver=p["replace_other_driver"],
+        blacklist_nouveau=p["blacklist_nouveau"],
+        vgpu=vgpu or vgpu_seen,
+        rhel_repo=repo,
+        rhel_epel=p["rhel_epel"],
+    )
+    plan = plan_guest_driver(facts, opts, sources=sources, nouveau_before=read_text(sysfs, NOUVEAU_CONF))
+    drv, inst = facts.driver, facts.install
+    finish(
+        module,
+        plan,
+        p["root"],
+        verdict=plan.verdict,
+        installed=plan.installed,
+        reboot_reasons=plan.reboot_reasons,
+        removes=plan.removes,
+        vgpu=opts.vgpu,
+        driver={
+            "loaded": drv.loaded,
+            "version": drv.version or reported,
+            "library_version": inst.library_version,
+            "source": inst.source,
+            "packages": [f"{pk.name} {pk.version}" for pk in inst.packages],
+            "run_installer": inst.run_installer,
+            "nouveau": drv.nouveau,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
