@@ -64,7 +64,7 @@ def h200_gpu(index: int, *, bar1: int = 256 * GIB) -> dict[str, Any]:
         "bars": parse_resource(resource(bar1)),
         "nvml": {
             "nvlinks": [
-                {"link": n, "active": True, "version": 4, "remote_address": None, "remote_type": "switch"}
+                {"link": n, "active": True, "version": 6, "remote_address": None, "remote_type": "switch"}
                 for n in range(18)
             ],
             "bar1_total_bytes": bar1,
@@ -116,7 +116,7 @@ def test_the_h200x4_guest_is_ok_everywhere() -> None:
     assert {c.status for c in checks.values()} == {"ok"}
     assert len([k for k in checks if k[0] == "p2p-access"]) == 6
     assert checks["p2p-access", "GPU 0 <-> GPU 3"].message == "GPU 0 <-> GPU 3: peer read and write over NVLink"
-    assert checks["nvlink", 2].message == "GPU 2: 18 NVLink4 links up"
+    assert checks["nvlink", 2].message == "GPU 2: 18 NVLink 4.0 links up"
     assert checks["bar1", 1].message == "GPU 1: BAR1 mapped in full (NVML 256 GiB, PCI BAR 256 GiB)"
     assert "no NUMA node given" in checks["numa-affinity", 0].message
     assert checks["xid", None].message == "no NVIDIA Xid event in /dev/kmsg"
@@ -125,7 +125,7 @@ def test_the_h200x4_guest_is_ok_everywhere() -> None:
 
 def test_nvlink_peak_is_links_times_the_per_link_rate() -> None:
     # H100/H200 SXM: 18 links, 900 GB/s both ways: 450 GB/s each way.
-    assert pair_peak(h200x4(), 0, 1) == (450.0, "NVLink4 x18")
+    assert pair_peak(h200x4(), 0, 1) == (450.0, "NVLink 4.0 x18")
 
 
 def test_direct_links_are_counted_per_pair() -> None:
@@ -135,7 +135,7 @@ def test_direct_links_are_counted_per_pair() -> None:
         for n, link in enumerate(links):
             link["remote_type"] = "gpu"
             link["remote_address"] = H200_ADDRESSES[other] if n < 6 else H200_ADDRESSES[2]
-    assert pair_peak(probe, 0, 1) == (150.0, "NVLink4 x6")
+    assert pair_peak(probe, 0, 1) == (150.0, "NVLink 4.0 x6")
 
 
 def test_links_nvml_names_no_remote_for_count_as_each_gpus_active_links() -> None:
@@ -144,7 +144,7 @@ def test_links_nvml_names_no_remote_for_count_as_each_gpus_active_links() -> Non
         for link in g["nvml"]["nvlinks"]:
             link["remote_type"] = None
     probe["gpus"][1]["nvml"]["nvlinks"][0]["active"] = False
-    assert pair_peak(probe, 0, 1) == (425.0, "NVLink4 x17 (each GPU's active links)")
+    assert pair_peak(probe, 0, 1) == (425.0, "NVLink 4.0 x17 (each GPU's active links)")
 
 
 def test_retired_pages_from_a_binding_whose_list_fails_late_are_unknown() -> None:
@@ -183,11 +183,11 @@ def test_p2p_copies_against_the_nvlink_peak() -> None:
     checks = judged(probe, bench=True)
     c = checks["bench-p2p", "GPU 0 -> GPU 1"]
     assert c.status == "ok" and c.message == (
-        "GPU 0 -> GPU 1: 385.2 GB/s (peer access), 86% of NVLink4 x18 (450.0 GB/s)"
+        "GPU 0 -> GPU 1: 385.2 GB/s (peer access), 86% of NVLink 4.0 x18 (450.0 GB/s)"
     )
     probe["p2p_bench"] = bench(120.0, access=False)
     c = judged(probe, bench=True)["bench-p2p", "GPU 0 -> GPU 1"]
-    assert c.status == "warn" and "only 27% of NVLink4 x18" in c.message and "no peer access" in c.message
+    assert c.status == "warn" and "only 27% of NVLink 4.0 x18" in c.message and "no peer access" in c.message
 
 
 def test_a_failed_p2p_copy_fails() -> None:
@@ -227,10 +227,10 @@ def test_links_down_warn_and_name_them() -> None:
     for n in (4, 17):
         probe["gpus"][1]["nvml"]["nvlinks"][n]["active"] = False
     c = judged(probe)["nvlink", 1]
-    assert c.status == "warn" and c.message == "GPU 1: 2 of 18 NVLink4 links down (links 4, 17)"
+    assert c.status == "warn" and c.message == "GPU 1: 2 of 18 NVLink 4.0 links down (links 4, 17)"
     assert "Fabric Manager" in c.fix
     # A pair's peak counts the links that are up.
-    assert pair_peak(probe, 0, 1) == (400.0, "NVLink4 x16")
+    assert pair_peak(probe, 0, 1) == (400.0, "NVLink 4.0 x16")
 
 
 def test_a_pcie_only_gpu_and_one_without_nvml() -> None:
@@ -418,7 +418,7 @@ class MultiNvml(FakeNvml):
 
     def nvmlDeviceGetNvLinkVersion(self, h: Any, link: int) -> int:
         self._h(h, "nvmlDeviceGetNvLinkVersion")
-        return 4
+        return 6  # NVML_NVLINK_VERSION_4_0: what a real H200 answers (tests/fixtures/multigpu/h200x2-guest)
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: Any, link: int) -> int:
         self._h(h, "nvmlDeviceGetNvLinkRemoteDeviceType")
@@ -477,7 +477,8 @@ def test_gather_reads_nvml_sysfs_and_the_log_into_a_schema_valid_report(fake) ->
     assert g0["pcie"]["peak_gbps"] == 63.02 and g0["numa_node"] == -1
     assert checks["p2p-access", 0].status == "ok"
     assert (
-        checks["nvlink", 0].status == "warn" and "1 of 18 NVLink4 links down (links 5)" in checks["nvlink", 0].message
+        checks["nvlink", 0].status == "warn"
+        and "1 of 18 NVLink 4.0 links down (links 5)" in checks["nvlink", 0].message
     )
     assert checks["bar1", 1].status == "ok" and "aggregate corrected 7," in checks["ecc", 0].message
     assert checks["row-remap", 0].status == "ok" and checks["clock-throttle", 1].status == "ok"
@@ -559,3 +560,16 @@ def test_probe_files_are_judged(path: Path | None, tmp_path: Path) -> None:
     # A live probe of a working guest read NVML: nothing it judges is unknown there.
     if probe["live"] and probe["nvml_error"] is None:
         assert not [c for c in checks if c.id in ("p2p-access", "ecc", "clock-throttle") and c.status == "skip"]
+
+
+def test_the_real_2x_h200_guest() -> None:
+    """The probe of a device machine (2x H200, NV18, a passthrough guest), with its measured P2P copies."""
+    (path,) = [p for p in REAL_PROBES if p.name == "h200x2-guest.probe.json"]
+    probe = json.loads(path.read_text())
+    assert pair_peak(probe, 0, 1) == (450.0, "NVLink 4.0 x18")
+    checks = judged(probe, bench=True)
+    assert checks["nvlink", 0].message == "GPU 0: 18 NVLink 4.0 links up"
+    assert checks["p2p-access", "GPU 0 <-> GPU 1"].status == "ok"
+    copy_0_1 = checks["bench-p2p", "GPU 0 -> GPU 1"]
+    assert copy_0_1.status == "ok" and "of NVLink 4.0 x18 (450.0 GB/s)" in copy_0_1.message, copy_0_1.message
+    assert checks["bar1", 1].message == "GPU 1: BAR1 mapped in full (NVML 256 GiB, PCI BAR 256 GiB)"

@@ -290,10 +290,26 @@ def _cupy_bench(
 
 # ---------------------------------------------------------------- GPU to GPU
 
-# NVLink data rate per link and direction, in GB/s, by NVML's NVLink version (NVIDIA's
-# datasheets: P100 4 links 160 GB/s, V100 6 links 300 GB/s, A100 12 links 600 GB/s,
-# H100/H200 SXM 18 links 900 GB/s, B200 18 links 1.8 TB/s, each total of both directions).
-NVLINK_GBPS_PER_LINK = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+# NVML's nvmlNvlinkVersion_t (what nvmlDeviceGetNvLinkVersion returns: an H200 says 6, NVLink
+# 4.0) -> the NVLink generation and its data rate per link and direction in GB/s (NVIDIA's
+# datasheets: P100 4 links 160 GB/s, V100 6 links 300 GB/s, A100 12 links 600 GB/s, H100/H200 SXM
+# 18 links 900 GB/s, B200 18 links 1.8 TB/s, each the total of both directions).
+NVLINK_VERSIONS = {
+    1: ("1.0", 20.0),
+    2: ("2.0", 25.0),
+    3: ("2.2", 25.0),
+    4: ("3.0", 25.0),
+    5: ("3.1", 25.0),
+    6: ("4.0", 25.0),
+    7: ("5.0", 50.0),
+}
+NVLINK_GBPS_PER_LINK = {enum: rate for enum, (_name, rate) in NVLINK_VERSIONS.items()}
+
+
+def nvlink_name(version: int | None) -> str:
+    """NVLink's generation as people say it (NVLink 4.0) from NVML's version enum."""
+    known = NVLINK_VERSIONS.get(version or 0)
+    return f"NVLink {known[0]}" if known else f"NVLink (NVML version {version if version else '?'})"
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..facts.numa import parse_cpulist
 from .base import Check, link_view, pci_link
-from .bench import COPY_OK_FRACTION, NVLINK_GBPS_PER_LINK, pcie_peak_gbps
+from .bench import COPY_OK_FRACTION, NVLINK_GBPS_PER_LINK, nvlink_name, pcie_peak_gbps
 from .gather import VerifyFacts
 
 # nvmlGpuP2PStatus_t, as nvidia-smi topo -p2p words them.
@@ -143,7 +143,7 @@ def pair_peak(probe: dict[str, Any], a_index: int, b_index: int) -> tuple[float 
         links, version, told = pair_nvlinks(a, b)
         rate = NVLINK_GBPS_PER_LINK.get(version or 0)
         if links and rate:
-            return links * rate, f"NVLink{version} x{links}" + ("" if told else " (each GPU's active links)")
+            return links * rate, f"{nvlink_name(version)} x{links}" + ("" if told else " (each GPU's active links)")
         return None, "NVLink (links or version not known)"
     peaks = [(g.get("pcie") or {}).get("peak_gbps") for g in (a, b)]
     if None in peaks:
@@ -228,7 +228,7 @@ def check_nvlink(gpu: dict[str, Any]) -> Check:
     up = [x["link"] for x in links if x.get("active")]
     down = [x["link"] for x in links if not x.get("active")]
     version = next((x.get("version") for x in links if x.get("version")), None)
-    what = f"NVLink{version or '?'}"
+    what = nvlink_name(version)
     if not down:
         return Check("nvlink", "ok", f"GPU {i}: {len(up)} {what} links up", None, i)
     return Check(

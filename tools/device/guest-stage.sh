@@ -9,7 +9,8 @@ OUT=${OUT:-/tmp/guest-stage}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 2
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/build/collections
-export ANSIBLE_CONFIG=/dev/null ANSIBLE_NOCOLOR=1 ANSIBLE_CALLBACKS_ENABLED=profile_tasks ANSIBLE_FORCE_COLOR=0
+printf '[defaults]\n' > "$OUT/ansible.cfg"  # none of a checkout's settings: the collection as a user has it
+export ANSIBLE_CONFIG=$OUT/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0
 PY=$(command -v python3)
 cat > "$OUT/inventory.yml" <<INV
 gpu_guests:
