@@ -72,3 +72,48 @@ def sriov_vgpu_host(root: Path, *, current: dict[str, int] | None = None) -> Hos
         fake.vgpu_vf(addr, {557: "NVIDIA A100-4C", 558: "NVIDIA A100-8C"}, current.get(addr, 0))
     add_numa(fake, [("0-7", 64 * GIB_KIB, {}), ("8-15", 64 * GIB_KIB, {})])
     return gather(Sysfs(str(fake.finish())))
+
+
+H100_BAR1_BYTES = 128 << 30
+
+
+def _resource_text(bars: dict[int, tuple[int, int, int]]) -> str:
+    """A ``resource`` file as the kernel writes it: 13 lines (BARs 0-5, ROM, 6 VF BARs)."""
+    lines = []
+    for i in range(13):
+        start, size, flags = bars.get(i, (0, 0, 0))
+        end = start + size - 1 if size else 0
+        lines.append(f"0x{start:016x} 0x{end:016x} 0x{flags:016x}")
+    return "\n".join(lines) + "\n"
+
+
+def h100_resource(index: int, bar1_bytes: int = H100_BAR1_BYTES) -> str:
+    """An H100's BARs: BAR0 16 MiB (32-bit), BAR1 (VRAM, 64-bit prefetchable), BAR3 32 MiB (64-bit prefetchable)."""
+    mem32, mem64_pref = 0x00040200, 0x0014220C
+    high = (0x200 + index * 0x40) << 30
+    return _resource_text(
+        {
+            0: (0xE0000000 + index * (16 << 20), 16 << 20, mem32),
+            1: (high, bar1_bytes, mem64_pref),
+            3: (high + bar1_bytes, 32 << 20, mem64_pref),
+        }
+    )
+
+
+HGX_GPUS = ("0000:18:00.0", "0000:2a:00.0", "0000:9a:00.0", "0000:ab:00.0")
+
+
+def hgx_two_node_host(
+    root: Path, *, pages: dict[int, int] | None = None, bar1_bytes: int = H100_BAR1_BYTES
+) -> HostFacts:
+    """Two NUMA nodes of 32 CPUs each; four H100s (128 GiB BAR1), 18:00.0 and 2a:00.0 on node 0,
+    9a:00.0 and ab:00.0 on node 1, each behind its own port and in its own IOMMU group, bound to vfio-pci."""
+    fake = FakeHost(root)
+    for i, address in enumerate(HGX_GPUS):
+        node = 0 if i < 2 else 1
+        port = f"{address[:5]}{int(address[5:7], 16) - 1:02x}:01.0"
+        fake.pci(port, cls=0x060400, vendor=0x8086, device=0x2345, group=10 + 2 * i, numa_node=node, driver="pcieport")
+        fake.pci(address, cls=0x030200, parent=port, group=11 + 2 * i, numa_node=node, driver="vfio-pci")
+        fake.write(f"{fake.paths[address]}/resource", h100_resource(i, bar1_bytes))
+    add_numa(fake, [("0-31", 512 * GIB_KIB, pages or {}), ("32-63", 512 * GIB_KIB, pages or {})])
+    return gather(Sysfs(str(fake.finish())))

@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from .gpus import GpuInfo, normalize_bus_id
-from .pci import PCI_DEVICES
+from .pci import IORESOURCE_MEM_64, IORESOURCE_PREFETCH, PCI_DEVICES, bar_lines
 from .sysfs import Sysfs, parse_int
 
 PROBE_SCHEMA = "gpuprov.multigpu-probe/v1"
@@ -35,12 +35,6 @@ ECC_VOLATILE, ECC_AGGREGATE = 0, 1
 RETIRED_SBE, RETIRED_DBE = 0, 1
 # nvmlIntNvLinkDeviceType_t
 NVLINK_REMOTE_TYPES = {0: "gpu", 1: "ibmnpu", 2: "switch", 0xFF: "unknown"}
-
-# struct resource flags the kernel writes in a PCI device's `resource` file (include/linux/ioport.h).
-IORESOURCE_MEM = 0x00000200
-IORESOURCE_PREFETCH = 0x00002000
-IORESOURCE_MEM_64 = 0x00100000
-PCI_STD_BARS = 6  # the lines after these are the ROM and bridge windows
 
 # The kernel log is read up to this much (the ring buffer is 128 KiB-16 MiB); Xid lines kept up to this many.
 KMSG_MAX_BYTES = 1 << 24
@@ -177,25 +171,18 @@ def read_nvml_probe(nvml: Any, count: int) -> tuple[dict[int, dict[str, Any]], l
 
 
 def parse_resource(text: str | None) -> list[dict[str, Any]]:
-    """A PCI device's ``resource`` file: its standard BARs that are assigned, as
+    """A PCI device's ``resource`` file: its standard memory BARs that are assigned, as
     ``{"bar", "size_bytes", "prefetchable", "mem64"}``. Malformed lines are skipped."""
-    bars = []
-    for bar, line in enumerate((text or "").splitlines()[:PCI_STD_BARS]):
-        parts = line.split()
-        if len(parts) != 3:
-            continue
-        start, end, flags = (parse_int(p, 16) for p in parts)
-        if start is None or end is None or flags is None or end <= start or not flags & IORESOURCE_MEM:
-            continue
-        bars.append(
-            {
-                "bar": bar,
-                "size_bytes": end - start + 1,
-                "prefetchable": bool(flags & IORESOURCE_PREFETCH),
-                "mem64": bool(flags & IORESOURCE_MEM_64),
-            }
-        )
-    return bars
+    return [
+        {
+            "bar": bar.index,
+            "size_bytes": bar.size,
+            "prefetchable": bool(bar.flags & IORESOURCE_PREFETCH),
+            "mem64": bool(bar.flags & IORESOURCE_MEM_64),
+        }
+        for bar in bar_lines(text)
+        if bar is not None and bar.memory
+    ]
 
 
 def read_sysfs_gpu(sysfs: Sysfs, address: str | None) -> dict[str, Any]:

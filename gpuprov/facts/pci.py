@@ -20,6 +20,63 @@ _GROUP_LINK_RE = re.compile(r"(?:^|/)kernel/iommu_groups/([0-9]+)/?$")
 VGA_CLASSES = (0x0300, 0x0001)
 
 
+# struct resource flags the kernel writes in a PCI device's `resource` file (include/linux/ioport.h).
+IORESOURCE_MEM = 0x00000200
+IORESOURCE_PREFETCH = 0x00002000
+IORESOURCE_MEM_64 = 0x00100000
+# The ``resource`` file's first lines are the standard BARs 0-5 (then the ROM, the
+# SR-IOV VF BARs and bridge windows: not what a guest maps for this function).
+PCI_STD_BARS = 6
+
+
+@dataclass(frozen=True)
+class PciBar:
+    """One standard BAR the kernel assigned: its index, size in bytes and resource flags."""
+
+    index: int
+    size: int
+    flags: int
+
+    @property
+    def memory(self) -> bool:
+        return bool(self.flags & IORESOURCE_MEM)
+
+    @property
+    def mem64_prefetchable(self) -> bool:
+        """A 64-bit prefetchable memory BAR: what firmware maps above 4 GiB (a GPU's VRAM/BAR1)."""
+        want = IORESOURCE_MEM | IORESOURCE_PREFETCH | IORESOURCE_MEM_64
+        return self.flags & want == want
+
+
+def bar_lines(text: str | None) -> list[PciBar | None]:
+    """The standard BAR lines of a ``resource`` file ("start end flags" in hex): a
+    :class:`PciBar` per assigned BAR, None per line that does not read; unassigned
+    BARs (all zero) are left out."""
+    out: list[PciBar | None] = []
+    for index, line in enumerate((text or "").splitlines()[:PCI_STD_BARS]):
+        parts = line.split()
+        values = [parse_int(p, 16) for p in parts] if len(parts) == 3 else []
+        if len(values) != 3 or None in values:
+            out.append(None)
+            continue
+        start, end, flags = values  # type: ignore[misc]
+        if start == end == 0:
+            continue
+        out.append(PciBar(index=index, size=end - start + 1, flags=flags) if end > start else None)
+    return out
+
+
+def parse_bars(text: str | None) -> list[PciBar] | None:
+    """A device's standard BARs, or None (unknown) when the file is missing, short or any
+    BAR line does not read: a window sized from half the BARs is too small (fail closed)."""
+    if text is None or len(text.splitlines()) < PCI_STD_BARS:
+        return None
+    lines = bar_lines(text)
+    if any(bar is None for bar in lines):
+        return None
+    return [bar for bar in lines if bar is not None]
+
+
 class PciAddressError(ValueError):
     """A PCI address that is malformed; the message says what is expected."""
 
@@ -103,6 +160,7 @@ class PciDevice:
     virtfns: list[str] = field(default_factory=list)
     vendor_name: str | None = None
     device_name: str | None = None
+    bars: list[PciBar] | None = None  # None: unknown (no readable resource file)
 
     @property
     def base_class(self) -> int | None:
@@ -339,6 +397,7 @@ def read_pci_device(
         sriov_totalvfs=(parse_int(rd(f"{base}/sriov_totalvfs")) if "sriov_totalvfs" in entries else None),
         sriov_numvfs=(parse_int(rd(f"{base}/sriov_numvfs")) if "sriov_numvfs" in entries else None),
         physfn=physfn,
+        bars=parse_bars(rd(f"{base}/resource")) if "resource" in entries else None,
     )
 
 

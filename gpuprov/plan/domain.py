@@ -20,6 +20,15 @@ What a GPU guest wants, and why:
   bound to that node (strict), backed by hugepages when reserved;
 - mdev vGPUs as ``<hostdev type='mdev' model='vfio-pci'>`` by UUID, SR-IOV
   vGPU VFs as PCI hostdevs, each on its own root port;
+- a 64-bit MMIO window for OVMF sized from the GPUs' BARs (:func:`mmio64_window_mib`)
+  when OVMF's default is too small: a 128 GiB BAR (H100, H200) does not map in it and
+  the guest driver sees no BAR1;
+- GPUs on several host NUMA nodes: guest NUMA cells matching the host nodes (vCPUs and
+  memory split, each cell's memory bound to its node) and each GPU's root port behind a
+  ``pcie-expander-bus`` (QEMU's pxb-pcie) of its cell, so the guest sees which GPU is
+  near which CPUs;
+- GPUs joined by NVLink: QEMU's ``x-nv-gpudirect-clique`` on their vfio-pci devices
+  (libvirt's ``<qemu:override>``, libvirt >= 8.2), so the guest driver allows P2P among them;
 - a qcow2 overlay disk, a cloud-init NoCloud seed (read-only CD-ROM), a virtio
   NIC on a libvirt network, a serial console logged to a file.
 
@@ -35,6 +44,17 @@ from dataclasses import dataclass, field
 
 DESCRIPTION = "Managed by gpuprov (gpu_vm); edits are overwritten."
 DEFAULT_VENDOR_ID = "gpuprov"
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+ET.register_namespace("qemu", QEMU_NS)
+# OVMF's 64-bit PCI MMIO window when not told otherwise (OvmfPkg PlatformPei: 32 GiB).
+OVMF_DEFAULT_MMIO64_MIB = 32 * 1024
+# QEMU's x-nv-gpudirect-clique is 4 bits wide (hw/vfio/pci-quirks.c).
+MAX_CLIQUE = 15
+# pxb-pcie bus numbers: cell i's expander bus is 0x80 + 0x10 * i, leaving the buses
+# below 0x80 to pcie-root's ports and 15 bus numbers to each expander's root ports.
+PXB_FIRST_BUS = 0x80
+PXB_BUS_STRIDE = 0x10
+MAX_CELLS = 8
 
 
 @dataclass
@@ -43,6 +63,17 @@ class PciPassthrough:
 
     functions: list[str]  # full host PCI addresses, in function order
     rom: str | None = None  # "on" | "off" | path of a ROM file | None
+    numa_cell: int | None = None  # guest NUMA cell whose pcie-expander-bus it sits behind
+    clique: int | None = None  # NVLink clique of function 0 (x-nv-gpudirect-clique)
+
+
+@dataclass
+class NumaCell:
+    """One guest NUMA cell: its vCPUs and memory, bound to one host node."""
+
+    host_node: int
+    vcpus: list[int]  # guest vCPU numbers
+    memory_kib: int
 
 
 @dataclass
@@ -57,6 +88,8 @@ class DomainConfig:
     mdevs: list[str] = field(default_factory=list)  # UUIDs
     cpus: list[int] | None = None  # host CPU of each vCPU (pinned)
     numa_node: int | None = None  # memory bound to this host node
+    numa_cells: list[NumaCell] = field(default_factory=list)  # guest NUMA; empty: none (numa_node)
+    mmio64_mib: int | None = None  # OVMF's 64-bit MMIO window; None: OVMF's default
     hugepage_kib: int | None = None
     hide_kvm: bool = False
     vendor_id: str | None = None
@@ -69,6 +102,22 @@ class DomainConfig:
     cmdline: str | None = None
     serial_log: str | None = None
     uuid: str | None = None  # set when redefining an existing domain
+
+
+def mmio64_window_mib(bar_sizes: list[int]) -> int:
+    """The guest's 64-bit MMIO window (MiB) for 64-bit prefetchable BARs of these sizes (bytes).
+
+    The rule (docs/reference/vm-domain.md): place the BARs largest first, each aligned to its
+    own size (BARs are powers of two, so this packs them without gaps); add a quarter for
+    headroom (the guest's other 64-bit BARs, each root port's and expander bus's window aligned
+    to its largest BAR) and round up to a power of two, at least 1 MiB. One 128 GiB GPU: 256 GiB;
+    four: 1 TiB.
+    """
+    span = 0
+    for size in sorted(bar_sizes, reverse=True):
+        span = -(-span // size) * size + size  # aligned to its size, then placed
+    mib = max(1, -(-(span + span // 4) // (1 << 20)))
+    return 1 << (mib - 1).bit_length()
 
 
 def _pci_address(address: str) -> dict[str, str]:
@@ -130,7 +179,14 @@ def _cpu(root: ET.Element, cfg: DomainConfig) -> None:
         cpu = _sub(root, "cpu", mode="host-passthrough", check="none", migratable="off")
     else:
         cpu = _sub(root, "cpu")  # TCG: QEMU's default model; host-passthrough needs KVM
-    _sub(cpu, "topology", sockets="1", dies="1", cores=str(cfg.vcpus), threads="1")
+    cells = cfg.numa_cells
+    # One socket per cell when the vCPUs split evenly: a socket split across nodes confuses guests.
+    sockets = len(cells) if cells and cfg.vcpus % len(cells) == 0 else 1
+    _sub(cpu, "topology", sockets=str(sockets), dies="1", cores=str(cfg.vcpus // sockets), threads="1")
+    if cells:
+        numa = _sub(cpu, "numa")
+        for i, cell in enumerate(cells):
+            _sub(numa, "cell", id=str(i), cpus=_cpulist(cell.vcpus), memory=str(cell.memory_kib), unit="KiB")
 
 
 def _tuning(root: ET.Element, cfg: DomainConfig) -> None:
@@ -145,21 +201,58 @@ def _tuning(root: ET.Element, cfg: DomainConfig) -> None:
             _sub(tune, "vcpupin", vcpu=str(vcpu), cpuset=str(host_cpu))
         # QEMU's own threads (I/O, emulator) on the same CPUs: they stay on the node.
         _sub(tune, "emulatorpin", cpuset=_cpulist(sorted(set(cfg.cpus))))
-    if cfg.numa_node is not None:
+    if cfg.numa_cells:
+        numatune = _sub(root, "numatune")
+        nodes = sorted({c.host_node for c in cfg.numa_cells})
+        _sub(numatune, "memory", mode="strict", nodeset=_cpulist(nodes))
+        for i, cell in enumerate(cfg.numa_cells):
+            _sub(numatune, "memnode", cellid=str(i), mode="strict", nodeset=str(cell.host_node))
+    elif cfg.numa_node is not None:
         numatune = _sub(root, "numatune")
         _sub(numatune, "memory", mode="strict", nodeset=str(cfg.numa_node))
 
 
-def _hostdevs(devices: ET.Element, cfg: DomainConfig) -> None:
-    # One pcie-root-port per guest slot; the device sits at slot 0 of the port's bus.
+def clique_alias(slot_number: int) -> str:
+    """The user alias (``ua-``) of a GPU's hostdev, which ``<qemu:override>`` names."""
+    return f"ua-gpu{slot_number}"
+
+
+def _expander_buses(devices: ET.Element, cfg: DomainConfig) -> tuple[dict[int, int], int]:
+    """A pcie-expander-bus per guest cell with a GPU on it -> (cell -> controller index, next index).
+    Expanders come first: a controller's index is above that of the bus it plugs into."""
     index = 1
-    for slot in cfg.pci:
-        _sub(devices, "controller", type="pci", index=str(index), model="pcie-root-port")
+    expanders: dict[int, int] = {}
+    for cell in sorted({s.numa_cell for s in cfg.pci if s.numa_cell is not None}):
+        pxb = _sub(devices, "controller", type="pci", index=str(index), model="pcie-expander-bus")
+        _sub(pxb, "model", name="pxb-pcie")
+        target = _sub(pxb, "target", busNr=str(PXB_FIRST_BUS + PXB_BUS_STRIDE * cell))
+        _sub(target, "node", str(cell))
+        expanders[cell] = index
+        index += 1
+    return expanders, index
+
+
+def _hostdevs(devices: ET.Element, cfg: DomainConfig) -> None:
+    # One pcie-root-port per guest slot; the device sits at slot 0 of the port's bus. A
+    # port of a GPU in a guest cell plugs into that cell's expander bus, one slot each.
+    expanders, index = _expander_buses(devices, cfg)
+    expander_slots: dict[int, int] = {}
+    for slot_number, slot in enumerate(cfg.pci):
+        port = _sub(devices, "controller", type="pci", index=str(index), model="pcie-root-port")
+        if slot.numa_cell is not None:
+            bus = expanders[slot.numa_cell]
+            taken = expander_slots.get(bus, 0)
+            expander_slots[bus] = taken + 1
+            _sub(
+                port, "address", type="pci", domain="0x0000", bus=f"0x{bus:02x}", slot=f"0x{taken:02x}", function="0x0"
+            )
         multi = len(slot.functions) > 1
         for guest_fn, host in enumerate(slot.functions):
             hostdev = _sub(devices, "hostdev", mode="subsystem", type="pci", managed="yes")
             source = _sub(hostdev, "source")
             _sub(source, "address", **_pci_address(host))
+            if guest_fn == 0 and slot.clique is not None:
+                _sub(hostdev, "alias", name=clique_alias(slot_number))
             if guest_fn == 0 and slot.rom is not None:
                 if slot.rom in ("on", "off"):
                     _sub(hostdev, "rom", bar=slot.rom)
@@ -205,6 +298,22 @@ def _storage_and_nic(devices: ET.Element, cfg: DomainConfig) -> None:
         _sub(nic, "model", type="virtio")
 
 
+def _qemu_extras(root: ET.Element, cfg: DomainConfig) -> None:
+    """QEMU options libvirt has no element for, in libvirt's qemu namespace."""
+    if cfg.firmware == "efi" and cfg.mmio64_mib is not None and cfg.mmio64_mib > OVMF_DEFAULT_MMIO64_MIB:
+        # OVMF reads the window's size from fw_cfg (OvmfPkg: opt/ovmf/X-PciMmio64Mb); SeaBIOS has no such knob.
+        cmdline = _sub(root, f"{{{QEMU_NS}}}commandline")
+        _sub(cmdline, f"{{{QEMU_NS}}}arg", value="-fw_cfg")
+        _sub(cmdline, f"{{{QEMU_NS}}}arg", value=f"name=opt/ovmf/X-PciMmio64Mb,string={cfg.mmio64_mib}")
+    cliques = [(n, s.clique) for n, s in enumerate(cfg.pci) if s.clique is not None]
+    if cliques:
+        override = _sub(root, f"{{{QEMU_NS}}}override")
+        for slot_number, clique in cliques:
+            device = _sub(override, f"{{{QEMU_NS}}}device", alias=clique_alias(slot_number))
+            frontend = _sub(device, f"{{{QEMU_NS}}}frontend")
+            _sub(frontend, f"{{{QEMU_NS}}}property", name="x-nv-gpudirect-clique", type="unsigned", value=str(clique))
+
+
 def build_domain(cfg: DomainConfig) -> ET.Element:
     """The ``<domain>`` element for ``cfg``."""
     root = ET.Element("domain", {"type": cfg.domain_type})
@@ -233,6 +342,7 @@ def build_domain(cfg: DomainConfig) -> ET.Element:
     rng = _sub(devices, "rng", model="virtio")
     _sub(rng, "backend", "/dev/urandom", model="random")
     _sub(devices, "memballoon", model="none" if (cfg.pci or cfg.mdevs) else "virtio")
+    _qemu_extras(root, cfg)
     return root
 
 

@@ -19,13 +19,14 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from ..facts.numa import parse_cpulist
-from .domain import to_xml
+from .domain import QEMU_NS, to_xml
 
 # Children whose presence in the live XML counts even when the builder makes none
 # (a hostdev removed from the spec must leave the domain); elsewhere what libvirt
 # adds is ignored.
 _COUNTED = {
-    "domain": {"memoryBacking", "cputune", "numatune"},
+    # QEMU options in libvirt's qemu namespace (the MMIO window, NVLink cliques): dropped ones count.
+    "domain": {"memoryBacking", "cputune", "numatune", f"{{{QEMU_NS}}}commandline", f"{{{QEMU_NS}}}override"},
     "devices": {
         "disk",
         "interface",
@@ -56,7 +57,7 @@ def _norm_value(tag: str, name: str, value: str) -> str:
             return hex(int(value, 0))
         except ValueError:
             return value
-    if name in ("cpuset", "nodeset"):
+    if name in ("cpuset", "nodeset") or (tag == "cell" and name == "cpus"):
         return ",".join(str(c) for c in sorted(set(parse_cpulist(value))))
     if tag == "type" and name == "machine":
         if value.startswith("pc-q35-"):

@@ -22,7 +22,7 @@ from ..facts.libvirt import LiveDomain
 from ..facts.vm_storage import StorageState
 from ..rules.validate import ROM_DIR
 from .base import COMMAND, REMOVE_FILE, WRITE_SYSFS, Action, Plan, Refusal, file_action
-from .domain import DomainConfig, PciPassthrough, build_domain, to_xml
+from .domain import DomainConfig, NumaCell, PciPassthrough, build_domain, to_xml
 from .domain_compare import compare_domain_xml
 from .seed import ISO_TOOLS, iso_command, seed_files
 from .vm_spec import HostPlan, Placement, VmSpec
@@ -134,6 +134,19 @@ def domain_config(spec: VmSpec, placement: Placement, paths: dict[str, str | Non
         for address in slot.functions:
             if roms.get(address):
                 slot.rom = roms[address]
+    # A GPU's guest cell and NVLink clique go to its slot, whichever function it is.
+    cliques = {address: i for i, group in enumerate(spec.nvlink_cliques) for address in group}
+    for slot in pci:
+        for address in slot.functions:
+            if address in placement.gpu_cells:
+                slot.numa_cell = placement.gpu_cells[address]
+            if address in cliques:
+                slot.clique = cliques[address]
+    cells: list[NumaCell] = []
+    first = 0
+    for cell in placement.cells:
+        cells.append(NumaCell(cell.node, list(range(first, first + cell.vcpus)), cell.memory_mib * 1024))
+        first += cell.vcpus
     return DomainConfig(
         name=spec.name,
         memory_kib=spec.memory_mib * 1024,
@@ -145,6 +158,8 @@ def domain_config(spec: VmSpec, placement: Placement, paths: dict[str, str | Non
         mdevs=[m.uuid for m in spec.mdevs],
         cpus=placement.cpus,
         numa_node=placement.node,
+        numa_cells=cells,
+        mmio64_mib=placement.mmio64_mib,
         hugepage_kib=placement.hugepage_kib,
         hide_kvm=placement.hide_kvm,
         vendor_id=spec.vendor_id,

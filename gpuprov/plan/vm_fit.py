@@ -45,7 +45,7 @@ from .vm_checks import (
     check_whole_and_sliced,
     is_consumer_nvidia,
 )
-from .vm_place import check_totals, place
+from .vm_place import check_totals, place, size_mmio64
 from .vm_spec import HostPlan, HostSettings, Placement, VmSpec
 
 
@@ -87,6 +87,7 @@ def plan_host(
     ledger = Ledger(plan)
     for vm in active:
         check_pci(facts, vm, plan, ledger, held)
+        size_mmio64(facts, vm, plan)
         placement = plan.placements[vm.name]
         if vm.hide_kvm is None:
             placement.hide_kvm = any(is_consumer_nvidia(facts, g.address) for g in vm.gpus)

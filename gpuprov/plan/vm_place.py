@@ -16,7 +16,8 @@ from ..facts.host import HostFacts
 from ..facts.numa import parse_cpulist
 from ..rules.assess import unknown_finding
 from .base import Refusal
-from .vm_spec import HostPlan, HostSettings, Placement, VmSpec
+from .domain import mmio64_window_mib
+from .vm_spec import GuestCell, HostPlan, HostSettings, Placement, VmSpec
 
 
 def _gib(kib: float) -> str:
@@ -51,6 +52,110 @@ def _node_hugepages(facts: HostFacts) -> dict[int, dict[int, int]]:
     return out
 
 
+def _spread_nodes(facts: HostFacts, vm: VmSpec, node_cpus: dict[int, list[int]]) -> list[int]:
+    """The host nodes of the VM's GPUs when it is to be split over them (guest NUMA cells):
+    its GPUs on more than one node, every GPU's node known, no node or cpuset given, a
+    vCPU for each node. Otherwise []: one node per VM, as before."""
+    if vm.numa_node is not None or vm.cpuset is not None or vm.vfs or vm.mdevs:
+        return []
+    nodes = [facts.pci[g.address].numa_node if g.address in facts.pci else None for g in vm.gpus]
+    spread = sorted({n for n in nodes if n is not None})
+    if None in nodes or len(spread) < 2 or any(n not in node_cpus for n in spread) or vm.vcpus < len(spread):
+        return []
+    return spread
+
+
+def _place_cells(
+    facts: HostFacts,
+    vm: VmSpec,
+    nodes: list[int],
+    plan: HostPlan,
+    pools: tuple[dict[int, list[int]], set[int], dict[int, str]],
+    hugepages_left: dict[int, dict[int, int]],
+) -> Placement:
+    """vCPUs and memory split evenly over the GPUs' nodes (the first cells take what is left
+    over), each cell pinned and backed on its own node."""
+    node_cpus, reserved, used = pools
+    n = len(nodes)
+    cells = [
+        GuestCell(
+            node=node,
+            vcpus=vm.vcpus // n + (1 if i < vm.vcpus % n else 0),
+            memory_mib=vm.memory_mib // n + (1 if i < vm.memory_mib % n else 0),
+        )
+        for i, node in enumerate(nodes)
+    ]
+    cpus: list[int] | None = None
+    if vm.pin:
+        cpus = []
+        for cell in cells:
+            pool = [c for c in node_cpus[cell.node] if c not in reserved and c not in used]
+            if len(pool) < cell.vcpus:
+                plan.refusals.append(
+                    Refusal(
+                        f"VM {vm.name}: CPUs oversubscribed: {cell.vcpus} vCPUs to pin on NUMA node {cell.node} "
+                        f"(its GPUs span nodes {nodes}), {len(pool)} CPUs of it left",
+                        "use fewer vCPUs, fewer GPUs per node, or pin: false",
+                    )
+                )
+                cpus = None
+                break
+            cpus.extend(pool[: cell.vcpus])
+        for c in cpus or []:
+            used.setdefault(c, vm.name)
+    hugepage_kib = None
+    if vm.hugepages != "no":
+        sizes = sorted({s for node in nodes for s in hugepages_left.get(node, {})}, reverse=True)
+        for size in sizes:
+            fits = all(
+                (c.memory_mib * 1024) % size == 0 and hugepages_left.get(c.node, {}).get(size, 0) >= c.memory_mib * 1024
+                for c in cells
+            )
+            if fits:
+                hugepage_kib = size
+                for c in cells:
+                    hugepages_left[c.node][size] -= c.memory_mib * 1024
+                break
+        if hugepage_kib is None and vm.hugepages == "yes":
+            plan.refusals.append(
+                Refusal(
+                    f"VM {vm.name}: hugepages oversubscribed: "
+                    + ", ".join(f"{c.memory_mib} MiB wanted on NUMA node {c.node}" for c in cells)
+                    + " in one page size (its GPUs span these nodes)",
+                    "reserve hugepages on each of these nodes (vm.nr_hugepages per node), or hugepages: auto",
+                )
+            )
+    gpu_cells = {
+        g.address: nodes.index(facts.pci[g.address].numa_node)  # type: ignore[arg-type]
+        for g in vm.gpus
+    }
+    return Placement(node=None, cpus=cpus, hugepage_kib=hugepage_kib, cells=cells, gpu_cells=gpu_cells)
+
+
+def size_mmio64(facts: HostFacts, vm: VmSpec, plan: HostPlan) -> None:
+    """The VM's 64-bit MMIO window from the 64-bit prefetchable BARs of its passed-through
+    functions (:func:`gpuprov.plan.domain.mmio64_window_mib`). BARs that do not read are
+    named in a warning: the window then covers only those that do."""
+    placement = plan.placements[vm.name]
+    sizes: list[int] = []
+    unknown: list[str] = []
+    for slot in placement.pci_slots:
+        for address in slot:
+            dev = facts.pci.get(address)
+            if dev is None:
+                continue  # refused by check_pci
+            if dev.bars is None:
+                unknown.append(address)
+            else:
+                sizes.extend(b.size for b in dev.bars if b.mem64_prefetchable)
+    if unknown and vm.firmware == "efi":
+        plan.warnings.append(
+            f"VM {vm.name}: unknown: BAR sizes of {', '.join(unknown)} (no readable resource file); the guest's "
+            "64-bit MMIO window counts only the BARs that read (OVMF's default: 32 GiB)"
+        )
+    placement.mmio64_mib = mmio64_window_mib(sizes) if sizes else None
+
+
 def place(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, reserved_cpus: list[int]) -> None:
     node_cpus = {n.node: parse_cpulist(n.cpulist) for n in facts.numa}
     all_cpus = sorted({c for cpus in node_cpus.values() for c in cpus})
@@ -58,6 +163,11 @@ def place(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, reserved_cpus: li
     used: dict[int, str] = {}  # host CPU -> VM pinned there
     hugepages_left = _node_hugepages(facts)
     for vm in vms:
+        spread = _spread_nodes(facts, vm, node_cpus)
+        if spread:
+            pools = (node_cpus, reserved, used)
+            plan.placements[vm.name] = _place_cells(facts, vm, spread, plan, pools, hugepages_left)
+            continue
         devices = [g.address for g in vm.gpus] + [v.address for v in vm.vfs] + [m.parent for m in vm.mdevs]
         device_node = _device_node(facts, devices)
         node = vm.numa_node if vm.numa_node is not None else device_node

@@ -43,6 +43,7 @@ VM_KEYS = (
     "cloud_init",
     "boot",
     "autostart",
+    "nvlink_clique",
 )
 
 
@@ -113,6 +114,7 @@ class VmSpec:
     cloud_init: CloudInitSpec | None = None
     boot: BootSpec | None = None
     autostart: bool = False
+    nvlink_cliques: list[list[str]] = field(default_factory=list)  # GPU addresses joined by NVLink, per clique
 
     @property
     def guest_mac(self) -> str:
@@ -133,12 +135,24 @@ class HostSettings:
 
 
 @dataclass
+class GuestCell:
+    """A guest NUMA cell of a VM whose GPUs sit on several host nodes."""
+
+    node: int  # the host node its vCPUs and memory are on
+    vcpus: int
+    memory_mib: int
+
+
+@dataclass
 class Placement:
-    node: int | None  # NUMA node of memory and vCPUs; None: not bound
+    node: int | None  # NUMA node of memory and vCPUs; None: not bound (or split: cells)
     cpus: list[int] | None  # host CPU of each vCPU; None: not pinned
     hugepage_kib: int | None  # page size backing the memory; None: normal pages
     pci_slots: list[list[str]] = field(default_factory=list)  # each GPU: its functions, function 0 first
     hide_kvm: bool = False
+    cells: list[GuestCell] = field(default_factory=list)  # guest NUMA cells, vCPUs in cell order; empty: none
+    gpu_cells: dict[str, int] = field(default_factory=dict)  # GPU address -> its guest cell
+    mmio64_mib: int | None = None  # the guest's 64-bit MMIO window from the BARs; None: none to size
 
     def as_dict(self) -> dict[str, Any]:
         return {

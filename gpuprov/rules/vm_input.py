@@ -13,6 +13,7 @@ import uuid as uuidlib
 from typing import Any
 
 from ..plan.base import Refusal
+from ..plan.domain import MAX_CLIQUE
 from ..plan.vm_spec import (
     ACCELS,
     DEFAULT_USER,
@@ -181,6 +182,46 @@ def _mdevs(value: Any, vm: str, f: _Fields) -> list[MdevSpec]:
 _SYSFS_NAME_RULE = "a name as sysfs shows it: letters, digits and _.:- (`gpuprov inspect` lists parents and types)"
 
 
+def _nvlink_cliques(value: Any, gpus: list[GpuSpec], f: _Fields) -> list[list[str]]:
+    """``nvlink_clique``: true (all the VM's GPUs are one NVLink clique) or a list of cliques,
+    each a list of the VM's GPU addresses, a GPU in one clique at most. There is no NVLink
+    fact on a host yet: the admin says which GPUs NVLink joins."""
+    p = f.problems
+    mine = [g.address for g in gpus]
+    if not isinstance(value, (bool, list)):
+        p.add(
+            f.at("nvlink_clique"),
+            f"must be true, false or a list of cliques, not {kind(value)}",
+            "write true (all the VM's GPUs), or a list of lists of its GPU addresses",
+        )
+        return []
+    if isinstance(value, bool):
+        if not value:
+            return []
+        if len(mine) < 2:
+            p.add(f.at("nvlink_clique"), f"joins {len(mine)} GPU", "NVLink joins two GPUs or more: list them in gpus")
+            return []
+        return [mine]
+    cliques: list[list[str]] = []
+    seen: set[str] = set()
+    for i, group in enumerate(sequence(p, f.at("nvlink_clique"), value, MAX_CLIQUE + 1) or []):
+        members: list[str] = []
+        for j, raw in enumerate(sequence(p, f.at("nvlink_clique", i), group, MAX_DEVICES) or []):
+            address = pci_address(p, f.at("nvlink_clique", i, j), raw)
+            if address is None:
+                continue
+            if address not in mine:
+                p.add(f.at("nvlink_clique", i, j), f"{address} is not one of the VM's gpus", "list it under gpus")
+            elif address in seen:
+                p.add(f.at("nvlink_clique", i, j), f"{address} is in two cliques", "put each GPU in one clique")
+            else:
+                seen.add(address)
+                members.append(address)
+        if members:
+            cliques.append(members)
+    return cliques
+
+
 def _disk(value: Any, f: _Fields) -> DiskSpec | None:
     p = f.problems
     if mapping(p, f.at("disk"), value, ("base", "size_gib", "path")) is None:
@@ -287,6 +328,8 @@ def parse_vm(
     spec.gpus = _gpus(data.get("gpus"), f)
     spec.vfs = _vfs(data.get("vfs"), f)
     spec.mdevs = _mdevs(data.get("mdevs"), name, f)
+    if data.get("nvlink_clique") is not None:
+        spec.nvlink_cliques = _nvlink_cliques(data["nvlink_clique"], spec.gpus, f)
     if data.get("numa_node") is not None:
         spec.numa_node = integer(problems, f.at("numa_node"), data["numa_node"], 0, MAX_NUMA_NODE)
     if data.get("cpuset") is not None:
