@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov.plan.domain import domain_xml
+from gpuprov.plan.domain_compare import compare_domain_xml, diff_text
 from gpuprov.plan.vm import domain_config
 from gpuprov.plan.vm_fit import plan_host
 from gpuprov.plan.vm_spec import HostSettings
@@ -107,6 +108,12 @@ def test_libvirt_makes_the_qemu_command_line_for_the_multi_gpu_domain(tmp_path, 
     path.chmod(0o644)
     define = subprocess.run([*virsh, "define", str(path)], capture_output=True, text=True, timeout=120, check=False)
     assert define.returncode == 0, define.stderr + xml
+    # Idempotent against libvirt's own rendering: the next run does not redefine it.
+    live = subprocess.run(
+        [*virsh, "dumpxml", "--inactive", "big"], capture_output=True, text=True, timeout=120, check=True
+    )
+    same, before, after = compare_domain_xml(xml, live.stdout)
+    assert same, diff_text(before, after, "big")
     argv = subprocess.run(
         [*virsh, "domxml-to-native", "qemu-argv", "--domain", "big"],
         capture_output=True,
