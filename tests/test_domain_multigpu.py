@@ -6,10 +6,14 @@ QEMU's x-nv-gpudirect-clique groups the NVLink GPUs. libvirt's schema accepts it
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 
+import jsonschema
 import pytest
+import yaml
 
+from gpuprov.cli.main import main
 from gpuprov.facts.pci import PciBar, parse_bars
 from gpuprov.plan.domain import QEMU_NS, DomainConfig, PciPassthrough, build_domain, domain_xml, mmio64_window_mib
 from gpuprov.plan.vm import domain_config
@@ -17,6 +21,7 @@ from gpuprov.plan.vm_fit import plan_host
 from gpuprov.plan.vm_spec import HostSettings
 from gpuprov.rules.vm_input import parse_vm
 from tests.test_domain import validate
+from tests.test_plan_schema import SCHEMA
 from tests.vmhosts import GIB_KIB, HGX_GPUS, h100_resource, hgx_two_node_host, two_node_host
 
 GIB = 1 << 30
@@ -230,3 +235,19 @@ def test_bar_flags() -> None:
     assert PciBar(1, GIB, 0x0014220C).mem64_prefetchable
     assert not PciBar(1, GIB, 0x00042208 & ~0x200).mem64_prefetchable  # not memory
     assert not PciBar(0, GIB, 0x00100200).mem64_prefetchable  # 64-bit, not prefetchable
+
+
+def test_plan_json_shows_cells_and_window_and_matches_its_schema(tmp_path, capsys) -> None:
+    hgx_two_node_host(tmp_path / "root")
+    path = tmp_path / "vms.yml"
+    path.write_text(yaml.safe_dump([hgx_vm()]))
+    assert main(["plan", str(path), "--root", str(tmp_path / "root"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    jsonschema.validate(report, SCHEMA)
+    placement = report["vms"][0]["placement"]
+    assert placement["numa_cells"] == [
+        {"node": 0, "vcpus": 4, "memory_mib": 32768},
+        {"node": 1, "vcpus": 4, "memory_mib": 32768},
+    ]
+    assert placement["gpu_cells"] == {HGX_GPUS[0]: 0, HGX_GPUS[1]: 0, HGX_GPUS[2]: 1, HGX_GPUS[3]: 1}
+    assert placement["mmio64_mib"] == 1024 * 1024

@@ -344,7 +344,16 @@ def test_plan_json(host_root, tmp_path, capsys) -> None:
     report = json.loads(capsys.readouterr().out)
     assert report["schema"] == "gpuprov.plan/v1" and report["ok"] is True and report["refusals"] == []
     (a,) = report["vms"]
-    assert a["placement"] == {"numa_node": None, "cpus": [1], "hugepage_kib": None, "pci_slots": [], "hide_kvm": False}
+    assert a["placement"] == {
+        "numa_node": None,
+        "cpus": [1],
+        "hugepage_kib": None,
+        "pci_slots": [],
+        "hide_kvm": False,
+        "numa_cells": [],
+        "gpu_cells": {},
+        "mmio64_mib": None,
+    }
     assert a["mdevs"][0]["uuid"] == default_mdev_uuid("a", 0)
     assert report["resources"]["memory"]["vms_mib"] == 256
 

@@ -161,6 +161,9 @@ class Placement:
             "hugepage_kib": self.hugepage_kib,
             "pci_slots": self.pci_slots,
             "hide_kvm": self.hide_kvm,
+            "numa_cells": [{"node": c.node, "vcpus": c.vcpus, "memory_mib": c.memory_mib} for c in self.cells],
+            "gpu_cells": dict(self.gpu_cells),
+            "mmio64_mib": self.mmio64_mib,
         }
 
 
