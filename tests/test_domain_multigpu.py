@@ -168,9 +168,11 @@ def test_one_node_per_vm_stays_as_before(tmp_path) -> None:
     assert not [c for c in root.findall("devices/controller") if c.get("model") == "pcie-expander-bus"]
     assert root.find("numatune/memory").get("nodeset") == "1"
     assert qemu_args(root) == ["-fw_cfg", f"{MMIO_ARG}{512 * 1024}"]  # 2 x (128 GiB + 32 MiB) -> 512 GiB
-    # A node given keeps every GPU on it (and warns), as before.
+    # A node given keeps every GPU on it (and warns), as before; so do fewer vCPUs than nodes.
     plan, placement = planned(facts, hgx_vm(numa_node=0))
     assert placement.node == 0 and placement.cells == []
+    plan, placement = planned(facts, hgx_vm(vcpus=1))
+    assert placement.node == 0 and placement.cells == [] and placement.cpus == [1]
 
 
 def test_no_mmio_knob_for_bios_or_small_bars(tmp_path) -> None:

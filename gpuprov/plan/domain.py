@@ -54,7 +54,7 @@ MAX_CLIQUE = 15
 # below 0x80 to pcie-root's ports and 15 bus numbers to each expander's root ports.
 PXB_FIRST_BUS = 0x80
 PXB_BUS_STRIDE = 0x10
-MAX_CELLS = 8
+MAX_CELLS = 8  # 0x80 + 0x10 * 7 = 0xf0: the last expander bus still has 15 bus numbers
 
 
 @dataclass

@@ -16,7 +16,7 @@ from ..facts.host import HostFacts
 from ..facts.numa import parse_cpulist
 from ..rules.assess import unknown_finding
 from .base import Refusal
-from .domain import mmio64_window_mib
+from .domain import MAX_CELLS, mmio64_window_mib
 from .vm_spec import GuestCell, HostPlan, HostSettings, Placement, VmSpec
 
 
@@ -54,13 +54,14 @@ def _node_hugepages(facts: HostFacts) -> dict[int, dict[int, int]]:
 
 def _spread_nodes(facts: HostFacts, vm: VmSpec, node_cpus: dict[int, list[int]]) -> list[int]:
     """The host nodes of the VM's GPUs when it is to be split over them (guest NUMA cells):
-    its GPUs on more than one node, every GPU's node known, no node or cpuset given, a
-    vCPU for each node. Otherwise []: one node per VM, as before."""
+    its GPUs on more than one node (at most MAX_CELLS: the expander buses' bus numbers), every
+    GPU's node known, no node or cpuset given, a vCPU for each node. Otherwise []: one node per
+    VM, as before."""
     if vm.numa_node is not None or vm.cpuset is not None or vm.vfs or vm.mdevs:
         return []
     nodes = [facts.pci[g.address].numa_node if g.address in facts.pci else None for g in vm.gpus]
     spread = sorted({n for n in nodes if n is not None})
-    if None in nodes or len(spread) < 2 or any(n not in node_cpus for n in spread) or vm.vcpus < len(spread):
+    if None in nodes or not 2 <= len(spread) <= min(MAX_CELLS, vm.vcpus) or any(n not in node_cpus for n in spread):
         return []
     return spread
 
