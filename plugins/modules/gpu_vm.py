@@ -165,6 +165,12 @@ options:
         description: Start the domain when libvirt starts.
         type: bool
         default: false
+      nvlink_clique:
+        description:
+          - The VM's GPUs joined by NVLink, so the guest driver allows P2P among them (QEMU's
+            C(x-nv-gpudirect-clique)); C(true) for all its GPUs as one clique, or a list of cliques,
+            each a list of its GPU addresses. See docs/reference/vm-domain.md.
+        type: raw
   state:
     description:
       - What the domain should be. The VM entry's own C(state) key wins over this.
