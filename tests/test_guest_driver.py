@@ -113,7 +113,7 @@ def test_the_device_machines_driver_is_refused_for_another_branch_and_not_remova
     assert plan.refused and plan.actions == [] and "the way it was installed" in plan.refusal_text()
 
 
-@pytest.mark.parametrize("name", ["h100-live", "h200-live"])
+@pytest.mark.parametrize("name", ["h100-live", "h200-live", "h200x2-live"])
 def test_live_captures_working_from_the_drivers_own_answer(name: str, host_root: Callable[[str], Path]) -> None:
     """The captures lack the version files and /usr/lib; the module is in proc/modules and
     nvidia-smi answered (it does only when libraries and module match): working."""
