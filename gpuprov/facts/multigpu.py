@@ -175,13 +175,13 @@ def parse_resource(text: str | None) -> list[dict[str, Any]]:
     ``{"bar", "size_bytes", "prefetchable", "mem64"}``. Malformed lines are skipped."""
     return [
         {
-            "bar": bar.index,
-            "size_bytes": bar.size,
-            "prefetchable": bool(bar.flags & IORESOURCE_PREFETCH),
-            "mem64": bool(bar.flags & IORESOURCE_MEM_64),
+            "bar": region.index,
+            "size_bytes": region.size,
+            "prefetchable": bool(region.flags & IORESOURCE_PREFETCH),
+            "mem64": bool(region.flags & IORESOURCE_MEM_64),
         }
-        for bar in bar_lines(text)
-        if bar is not None and bar.memory
+        for region in bar_lines(text)
+        if region is not None and region.memory
     ]
 
 

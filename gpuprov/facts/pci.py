@@ -72,9 +72,9 @@ def parse_bars(text: str | None) -> list[PciBar] | None:
     if text is None or len(text.splitlines()) < PCI_STD_BARS:
         return None
     lines = bar_lines(text)
-    if any(bar is None for bar in lines):
+    if any(region is None for region in lines):
         return None
-    return [bar for bar in lines if bar is not None]
+    return [region for region in lines if region is not None]
 
 
 class PciAddressError(ValueError):

@@ -201,7 +201,7 @@ def main() -> None:
             "vgpu_package": {"type": "str", "default": ""},
             "rhel_repo_name": {"type": "str", "default": "cuda-rhel"},
             "rhel_repo_url": {"type": "str", "default": ""},
-            "rhel_repo_gpgkey": {"type": "str", "default": ""},
+            "rhel_repo_gpgkey": {"type": "str", "default": "", "no_log": False},  # a key's URL, not a secret
             "rhel_epel": {"type": "bool", "default": True},
             "root": {"type": "path", "default": "/"},
         },
