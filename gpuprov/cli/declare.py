@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from .main import EXIT_OK, UsageError, host_root
+from .main import EXIT_OK, UsageError, host_root, read_input
 
 HEADER = "# Written by `gpuprov {command}`{source}: check each use, then keep it in the host's host_vars.\n"
 
@@ -88,12 +88,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from ..facts.host import gather
     from ..facts.sysfs import Sysfs
     from ..model.convert import ConvertError, convert
-    from .yamlread import YamlInputError, read_yaml
 
-    try:
-        doc = read_yaml(args.file)
-    except YamlInputError as exc:
-        raise UsageError(str(exc)) from None
+    doc = read_input(args.file)
     with host_root(args.root) as root:
         facts = gather(Sysfs(root))
     try:

@@ -80,7 +80,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     named = _addresses(args.device, "--device")
     require = [] if args.require_ready == ["all"] else _addresses(args.require_ready, "--require-ready")
-    doc = _read_declaration(args.declaration) if args.declaration else None
+    doc = read_input(args.declaration) if args.declaration else None
     with host_root(args.root) as root:
         sysfs = Sysfs(root)
         facts = gather(sysfs)
@@ -133,7 +133,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _read_declaration(path: str) -> Any:
+def read_input(path: str) -> Any:
+    """A YAML input file (a host_vars file, a declaration), or exit 2 naming what is wrong with it."""
     from .yamlread import YamlInputError, read_yaml
 
     try:

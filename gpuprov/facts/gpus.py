@@ -94,6 +94,23 @@ def _text(value: Any) -> str | None:
 # ---------------------------------------------------------------- NVML
 
 
+def nvml_asker(nvml: Any, tolerated: tuple[type[BaseException], ...] = ()) -> Any:
+    """``ask(name, *args)``: NVML's function ``name`` called, or None where the binding lacks it or
+    it fails (NVMLError, and the ``tolerated`` exceptions): a value NVML does not give is unknown."""
+    errors = (getattr(nvml, "NVMLError", Exception), *tolerated)
+
+    def ask(fn: str, *args: Any) -> Any:
+        func = getattr(nvml, fn, None)
+        if func is None:
+            return None
+        try:
+            return func(*args)
+        except errors:
+            return None
+
+    return ask
+
+
 def from_nvml(nvml: Any) -> GpuList:
     """Ask NVML. ``nvml`` is the ``pynvml`` module (or a fake with its names).
 
@@ -107,16 +124,7 @@ def from_nvml(nvml: Any) -> GpuList:
     except error as exc:
         raise GpuQueryError(f"NVML: {exc}") from None
     try:
-
-        def ask(fn: str, *args: Any) -> Any:
-            func = getattr(nvml, fn, None)
-            if func is None:
-                return None
-            try:
-                return func(*args)
-            except error:
-                return None
-
+        ask = nvml_asker(nvml)
         driver = _text(ask("nvmlSystemGetDriverVersion"))
         cuda = ask("nvmlSystemGetCudaDriverVersion")
         cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) and cuda > 0 else None

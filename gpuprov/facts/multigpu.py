@@ -18,7 +18,7 @@ import os
 import re
 from typing import Any
 
-from .gpus import GpuInfo, normalize_bus_id
+from .gpus import GpuInfo, normalize_bus_id, nvml_asker
 from .pci import IORESOURCE_MEM_64, IORESOURCE_PREFETCH, PCI_DEVICES, bar_lines
 from .sysfs import Sysfs, parse_int
 
@@ -44,23 +44,6 @@ KERN_LOGS = ("var/log/kern.log", "var/log/messages")
 
 
 # ---------------------------------------------------------------- NVML
-
-
-def _asker(nvml: Any) -> Any:
-    error = getattr(nvml, "NVMLError", Exception)
-
-    def ask(fn: str, *args: Any) -> Any:
-        func = getattr(nvml, fn, None)
-        if func is None:
-            return None
-        try:
-            return func(*args)
-        except error:
-            return None
-        except (TypeError, ValueError, AttributeError):  # an older binding with another signature
-            return None
-
-    return ask
 
 
 def _int(value: Any) -> int | None:
@@ -144,7 +127,7 @@ def read_nvml_probe(nvml: Any, count: int) -> tuple[dict[int, dict[str, Any]], l
     except error as exc:
         return {}, [], f"NVML: {exc}"
     try:
-        ask = _asker(nvml)
+        ask = nvml_asker(nvml, (TypeError, ValueError, AttributeError))  # an older binding: another signature
         handles = {i: ask("nvmlDeviceGetHandleByIndex", i) for i in range(count)}
         gpus = {i: _nvml_gpu(ask, h) for i, h in handles.items() if h is not None}
         pairs = []

@@ -13,9 +13,12 @@ from .config import Entry, VgpuPlan, VgpuRequest, _problem, type_name_key
 from .state import Managed
 
 
-def _type_names(facts: HostFacts, pf: str, managed: Managed) -> dict[int, str]:
-    names = dict(managed.type_names)
-    for vf in facts.pci[pf].virtfns:
+def vgpu_type_names(facts: HostFacts, pf: str, managed: Managed | None = None) -> dict[int, str]:
+    """Type ID -> name of the vGPU types a PF's VFs offer (and those gpuprov set before, from the
+    saved layout): what a type given by name is resolved against."""
+    names = dict(managed.type_names) if managed else {}
+    dev = facts.pci.get(pf)
+    for vf in dev.virtfns if dev else []:
         state = facts.vgpu_vfs.get(vf)
         if state is not None:
             names.update(state.creatable)
@@ -104,7 +107,7 @@ def _plan_sriov_entry(
                     {"pf": entry.key, "vf": want.vf, "type": want.type_ref, "name": None, "state": "pending"}
                 )
         return
-    names = _type_names(facts, entry.key, managed)
+    names = vgpu_type_names(facts, entry.key, managed)
     taken: dict[str, int] = {}
     for i, want in enumerate(entry.vgpus):
         where = f"{entry.key}: vgpus[{i}]"
