@@ -99,13 +99,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..rules.inputs import HOST_VARS_SETTINGS
     from ..rules.validate import ROM_DIR, Problems
     from ..rules.vm_input import check_settings
-    from .main import EXIT_NOT_READY, EXIT_OK, UsageError, host_root
-    from .yamlread import YamlInputError, read_yaml
+    from .main import EXIT_NOT_READY, EXIT_OK, UsageError, host_root, read_input
 
-    try:
-        doc = read_yaml(args.vms)
-    except YamlInputError as exc:
-        raise UsageError(str(exc)) from None
+    doc = read_input(args.vms)
     with host_root(args.root) as root:
         facts = gather(Sysfs(root))
         model = resolve(doc, facts, cpu_limit=cpu_count(facts))
@@ -131,11 +127,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for vm in plan.vms:
             for problem in rom_problems(vm, root) if vm.state != "absent" else []:
                 plan.refusals.append(Refusal(f"VM {vm.name}: {problem}", f"put the ROM file in {ROM_DIR} on the host"))
-    if model.layout:
-        # The vGPU layout too: the VMs' mdevs must be the ones it makes (the new form's
-        # problems with it are the model's refusals already).
+    if model.legacy and model.layout:
+        # The old variables: the VMs' mdevs must be the ones the layout makes (the new form names
+        # them from the layout, so they are by construction).
         declared, refusals = declared_mdevs(facts, model.layout)
-        plan.refusals.extend(refusals if model.legacy else [])
+        plan.refusals.extend(refusals)
         check_declared_mdevs(plan, declared)
     report = plan_report(plan, args.root)
     if args.json:

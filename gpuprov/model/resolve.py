@@ -30,7 +30,7 @@ from ..facts.host import HostFacts
 from ..facts.pci import PciAddressError, normalize_address
 from ..plan.base import Refusal
 from ..plan.vgpu import mdev_uuids
-from ..plan.vgpu.sriov import resolve_vgpu_type
+from ..plan.vgpu.sriov import resolve_vgpu_type, vgpu_type_names
 from ..plan.vm_spec import HostSettings
 from ..rules.validate import shown
 from .schema import ROOT, check
@@ -346,11 +346,10 @@ def _instances(facts: HostFacts, model: HostModel, entries: dict[str, dict[str, 
     """Each vGPU GPU's instances, named, with their UUIDs (mdev) or VFs (sriov_vgpu); the layout."""
     names = {g.name for g in model.gpus}
     for gpu in model.gpus:
-        raw = entries.get(gpu.name)
+        wants = _wanted(entries.get(gpu.name), gpu, model) if gpu.use in VGPU_USES else []  # each GPU's
         count = 0
         for address in gpu.addresses:
             layout: dict[str, Any] = {"use": gpu.use}
-            wants = _wanted(raw, gpu, model) if gpu.use in VGPU_USES else []
             vfs = sorted(facts.pci[address].virtfns) if address in facts.pci else []
             for k, want in enumerate(wants):
                 name = want.get("name") or f"{gpu.name}.{count}"
@@ -363,14 +362,10 @@ def _instances(facts: HostFacts, model: HostModel, entries: dict[str, dict[str, 
                 names.add(name)
                 vf = want.get("vf") or (vfs[k] if gpu.use == "sriov_vgpu" and k < len(vfs) else None)
                 gpu.instances.append(Instance(name, gpu.name, address, want["type"], want.get("uuid"), vf=vf))
+            mine = [i for i in gpu.instances if i.parent == address]
             if gpu.use == "mdev":
-                layout["mdevs"] = [
-                    {"type": i.type} | ({"uuid": i.uuid} if i.uuid else {})
-                    for i in gpu.instances
-                    if i.parent == address
-                ]
+                layout["mdevs"] = [{"type": i.type} | ({"uuid": i.uuid} if i.uuid else {}) for i in mine]
             elif gpu.use == "sriov_vgpu":
-                mine = [i for i in gpu.instances if i.parent == address]
                 layout["vgpus"] = [{"type": i.type} | ({"vf": i.vf} if i.vf else {}) for i in mine]
             elif gpu.use == "mig":
                 layout["mig"] = gpu.mig if gpu.mig is not None else []
@@ -389,11 +384,9 @@ def _mdev_uuids(facts: HostFacts, model: HostModel) -> None:
     for r in refusals:  # named by the entry that declared the parent
         entry = model.declared.get(r.device or "", {}).get("entry")
         model.refusals.append(Refusal(f"{entry}: {r.message}" if entry else r.message, r.fix, r.device))
-    for gpu in model.gpus:
+    for gpu in (g for g in model.gpus if g.use == "mdev"):
         on: dict[str, int] = {}
         for inst in gpu.instances:
-            if gpu.use != "mdev":
-                continue
             k = on.get(inst.parent, 0)
             on[inst.parent] = k + 1
             found = (uuids.get(inst.parent) or [])[k : k + 1]
@@ -408,11 +401,9 @@ def _vgpu_types(facts: HostFacts, model: HostModel) -> None:
     for gpu in model.gpus:
         if gpu.use != "sriov_vgpu":
             continue
+        offered_on = {a: vgpu_type_names(facts, a) for a in gpu.addresses}
         for inst in gpu.instances:
-            offered: dict[int, str] = {}
-            for vf in facts.pci[inst.parent].virtfns if inst.parent in facts.pci else []:
-                state = facts.vgpu_vfs.get(vf)
-                offered.update(state.creatable if state else {})
+            offered = offered_on[inst.parent]
             inst.type_id = resolve_vgpu_type(inst.type, offered)
             if inst.type_id is None and offered:  # VFs not enabled yet: their types are the vgpu stage's to read
                 names = ", ".join(f"{t} ({n})" for t, n in sorted(offered.items())[:8])

@@ -80,8 +80,7 @@ def judge(facts: HostFacts, a: GpuAssessment, use: str | None, entry: str | None
     """Judge ``a`` for its declared ``use`` (None: the host's declaration does not name it), in place."""
     a.intended_use = use or UNDECLARED
     a.declared_as = entry
-    if running.get(a.address) is not None:
-        a.state = f"in use by VM {running[a.address]}"
+    _held_by_vm(a, running)
     if use is None:
         a.findings = [*_unknown(a.findings), Finding("undeclared", INFO, "not in the host's declaration: left alone")]
     elif use == "host":
@@ -96,10 +95,17 @@ def judge(facts: HostFacts, a: GpuAssessment, use: str | None, entry: str | None
 def in_use_by_vm(a: GpuAssessment, running: dict[str, str]) -> None:
     """A GPU a running libvirt domain holds is passed through already: "in use by VM X", a state,
     not the in-use blocker (which stays for any other holder)."""
-    vm = running.get(a.address)
+    vm = _held_by_vm(a, running)
     if vm is None:
         return
-    a.state = f"in use by VM {vm}"
     held = [f for f in a.findings if f.code == "in-use" and (f.device or a.address) in running]
     a.findings = [f for f in a.findings if f not in held]
     a.findings.append(Finding("in-use-by-vm", INFO, f"in use by VM {vm} (libvirt's running domain)"))
+
+
+def _held_by_vm(a: GpuAssessment, running: dict[str, str]) -> str | None:
+    """The running domain that holds ``a``, set as its state."""
+    vm = running.get(a.address)
+    if vm is not None:
+        a.state = f"in use by VM {vm}"
+    return vm
