@@ -53,3 +53,19 @@ def finish(module: Any, plan: Plan, root: str, **extra: Any) -> None:
     result["changed"] = applied.changed
     result["not_run"] = applied.not_run
     module.exit_json(**result)
+
+
+def finish_failed(module: Any, plan: Plan, root: str, msg: str, **extra: Any) -> None:
+    """Apply ``plan`` (what records and cleans up a failure), then fail with ``msg``: the task fails
+    whatever the actions did (a boot trial that did not come up, recorded so)."""
+    result: dict[str, Any] = {"plan": plan.describe(), "not_run": [], "root": root, **extra}
+    for warning in plan.warnings:
+        module.warn(warning)
+    changed = False
+    if not module.check_mode:
+        try:
+            applied = apply(plan, root)
+        except ApplyError as exc:
+            module.fail_json(msg=f"{msg}; then {exc}", done=exc.applied.done, **result)
+        changed, result["not_run"] = applied.changed, applied.not_run
+    module.fail_json(msg=msg, changed=changed, **result)

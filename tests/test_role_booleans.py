@@ -113,8 +113,9 @@ def test_booleans_as_strings_mean_what_they_say(tmp_path: Path, staged_root: Pat
         '{"iommu_host_extra_args": ["pcie_aspm=off"]}',
     )
     assert rc == 0 and "derived from value of type" not in output, output
-    cmdline = tasks["Put the arguments into the bootloader configuration"]
+    cmdline = tasks["Turn the IOMMU on at boot (a change of the kernel arguments is tried once first)"]
     assert cmdline["args_after"] == "quiet pcie_aspm=off" and cmdline["reboot_required"] is True
     # a reboot is owed and not allowed: only fail_on_pending_reboot "0" lets the play go on
     assert tasks["Stop here when a reboot is owed and not allowed"].get("skipped"), output
-    assert tasks["Reboot into the new kernel arguments"].get("skipped"), output
+    reboot = next(v for k, v in tasks.items() if k.startswith("Reboot ("))
+    assert reboot.get("skipped"), output

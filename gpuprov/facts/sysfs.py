@@ -96,6 +96,11 @@ class Sysfs:
             return None
         return raw.decode("utf-8", "replace").strip()
 
+    def read_text(self, rel: str) -> str | None:
+        """A managed file's exact text (not stripped), None when absent or unreadable."""
+        raw = self.read_bytes(rel)
+        return None if raw is None else raw.decode("utf-8", "replace")
+
     def read_bytes(self, rel: str) -> bytes | None:
         if self.trace is not None:
             self.trace.append(("read", rel))
@@ -257,6 +262,18 @@ class Sysfs:
             canonical = len(target_parts) if candidate.startswith("sys/") else 0
             pending = target_parts + pending
         return "/".join(parts)
+
+    def mtime(self, rel: str) -> float | None:
+        """Modification time of a file (links followed inside the root); None when absent."""
+        if self.trace is not None:
+            self.trace.append(("read", rel))
+        try:
+            if not self._prefix:
+                return os.stat(f"/{rel}").st_mtime
+            found = self._follow_inside(rel)
+            return None if found is None else os.lstat(found[0]).st_mtime
+        except (OSError, ValueError):
+            return None
 
     def exists(self, rel: str) -> bool:
         if self.trace is not None:
