@@ -1,0 +1,226 @@
+"""The iommu_host role's trial boot on the lab host, for real (docs/reference/boot-trial.md).
+
+Per bootloader (GRUB first, then the systemd-boot image), in file order:
+- an argument that panics the kernel (init=/bin/false: init exits, the kernel panics) and one
+  that hangs it (init=/bin/sh: a shell waiting on a console nobody types on). Each time the lab
+  host comes back by itself on its old arguments (panic=N; QEMU's i6300esb, armed from the
+  trial's initramfs, and not labhost's own boot watchdog), the play fails naming the argument,
+  and the default entry is byte for byte what it was; run again, the same arguments are refused
+  without a reboot;
+- the good change: trial boot, checks, commit; the next reboot keeps it; a rerun changes nothing.
+
+The timings are printed (molecule runs this file with -s) and go in the closing notes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO))
+
+from labhost.common import lab_dir  # noqa: E402
+
+RUN = lab_dir() / "run"
+TIMINGS: dict[str, float] = {}
+# The files that make the default boot, per bootloader: byte for byte the same after a failed trial.
+DEFAULT_FILES = {
+    "grub": ["/etc/default/grub", "/boot/grub/grub.cfg"],
+    "systemd-boot": ["/etc/kernel/cmdline", "/boot/efi/loader/loader.conf", "/boot/efi/loader/entries/*.conf"],
+}
+PANIC, HANG = "init=/bin/false", "init=/bin/sh"
+
+
+def labhost(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "labhost", *args], cwd=REPO, check=True, timeout=3600)
+
+
+def adhoc(module: str, args: str) -> subprocess.CompletedProcess:
+    """`ansible gpu_hosts -m MODULE -a ARGS` with this scenario's inventory (inventories/lab)."""
+    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
+    cmd = [str(Path(sys.executable).with_name("ansible")), "-i", inventory, "gpu_hosts", "-m", module, "-a", args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
+
+
+def bmc_resets() -> int:
+    """Resets done by labhost's own boot watchdog (the lab's stand-in for a BMC), not the trial's."""
+    try:
+        return (RUN / "watchdog.log").read_text().count("system_reset")
+    except OSError:
+        return 0
+
+
+def console() -> str:
+    return (RUN / "console.log").read_text(errors="replace")
+
+
+def default_digest(host, loader: str) -> str:
+    files = " ".join(DEFAULT_FILES[loader])
+    return host.check_output(f"sha256sum {files} | sort")
+
+
+def boot_id(host) -> str:
+    return host.file("/proc/sys/kernel/random/boot_id").content_string.strip()
+
+
+def cmdline(host) -> list[str]:
+    return host.file("/proc/cmdline").content_string.split()
+
+
+@pytest.fixture(scope="module", params=["grub", "systemd-boot"])
+def loader(request) -> str:
+    """The lab host booting with this loader (create.yml booted the GRUB image)."""
+    if request.param != "grub":
+        labhost("down")
+        labhost("up", "--fresh", "--loader", request.param)
+    return request.param
+
+
+def timed(name: str, fn):
+    t0 = time.monotonic()
+    result = fn()
+    TIMINGS[name] = round(time.monotonic() - t0)
+    print(f"\nboot-trial timing: {name}: {TIMINGS[name]} s", flush=True)
+    return result
+
+
+@pytest.mark.parametrize(("case", "argument"), [("panic", PANIC), ("hang", HANG)])
+def test_a_bad_argument_comes_back_by_itself_on_the_old_arguments(host, converge, loader, case, argument):
+    before, resets, booted = default_digest(host, loader), bmc_resets(), boot_id(host)
+    offset = len(console())
+    run = timed(f"{loader} {case}", lambda: converge({"iommu_host_extra_args": [argument]}))
+    assert run.failures, run.output
+    message = " ".join(run.failed_msgs)
+    assert argument in message and "did not come up" in message and "default is unchanged" in message, message
+    # It rebooted (the trial), came back by itself on the old arguments; the default is untouched.
+    assert boot_id(host) != booted
+    assert "intel_iommu=off" in cmdline(host) and not any(a.startswith("gpuprov.trial=") for a in cmdline(host))
+    assert default_digest(host, loader) == before
+    assert bmc_resets() == resets, "labhost's boot watchdog fired: the trial's own fallback did not"
+    trial = console()[offset:]
+    assert argument in trial, trial[-3000:]
+    if case == "panic":
+        assert "Kernel panic" in trial, trial[-3000:]
+    else:
+        assert "Kernel panic" not in trial, trial[-3000:]
+    # The trial's initramfs armed the watchdog and left it unfed (it logs this at KERN_CRIT).
+    assert "watchdog did not stop" in trial, trial[-3000:]
+    record = json.loads(host.file("/var/lib/gpuprov/boot-trial.json").content_string)
+    assert record["status"] == "failed" and argument in record["added"]
+
+
+@pytest.mark.parametrize("argument", [PANIC])
+def test_the_failed_arguments_are_not_tried_again(host, converge, loader, argument):
+    booted = boot_id(host)
+    run = converge({"iommu_host_extra_args": [argument]})
+    assert run.failures and any("retry_failed" in m for m in run.failed_msgs), run.output
+    assert boot_id(host) == booted
+
+
+def test_a_good_change_is_tried_then_committed(host, converge, loader):
+    booted = boot_id(host)
+    run = timed(f"{loader} good (trial + commit)", lambda: converge())
+    assert run.failures == 0, run.output
+    assert boot_id(host) != booted
+    args = cmdline(host)
+    assert "intel_iommu=on" in args and "iommu=pt" in args and any(a.startswith("gpuprov.trial=") for a in args)
+    if loader == "grub":
+        grub = host.file("/etc/default/grub").content_string
+        assert 'GRUB_CMDLINE_LINUX_DEFAULT="quiet intel_iommu=on iommu=pt"' in grub, grub
+        assert not host.file("/boot/grub/custom.cfg").exists
+    else:
+        assert "intel_iommu=on iommu=pt" in host.file("/etc/kernel/cmdline").content_string
+        assert not host.file("/boot/efi/loader/entries/gpuprov-trial.conf").exists
+    assert not host.file("/var/lib/gpuprov/boot-trial.json").exists
+    assert host.file("/sys/class/iommu/dmar0").exists
+
+
+def test_the_next_reboot_keeps_it_and_a_rerun_changes_nothing(host, converge, loader):
+    booted = boot_id(host)
+    r = adhoc("ansible.builtin.reboot", "reboot_timeout=600")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert boot_id(host) != booted
+    args = cmdline(host)
+    assert "intel_iommu=on" in args and not any(a.startswith("gpuprov.trial=") for a in args)
+    run = timed(f"{loader} no-op rerun", lambda: converge())
+    assert run.failures == 0 and run.changed == 0, run.output
+    print(f"\nboot-trial timings so far: {json.dumps(TIMINGS)}", flush=True)
+
+
+# -- runs killed at task boundaries (issue #14): the rerun leaves what an uninterrupted run leaves --
+
+SNAPSHOTS: dict[str, str] = {}
+# The state a run leaves: the boot files, vfio's files, what the initramfs holds, the running line.
+STATE = (
+    "cat /proc/cmdline | tr ' ' '\\n' | grep -v -e '^BOOT_IMAGE=' | sort; "
+    "sha256sum /etc/default/grub /boot/grub/grub.cfg /etc/modules-load.d/gpuprov-vfio.conf "
+    "/etc/initramfs-tools/modules /etc/initramfs-tools/hooks/gpuprov-trial "
+    "/etc/initramfs-tools/scripts/init-top/gpuprov-trial; "
+    "lsinitramfs /boot/initrd.img-$(uname -r) | grep -e vfio -e gpuprov -e i6300esb | sort; "
+    "ls /boot /var/lib/gpuprov /boot/grub/custom.cfg 2>&1 | sort"
+)
+KILL_POINTS = ["Turn the IOMMU on at boot", "Reboot (once into the trial entry)", "Check the trial boot and commit it"]
+
+
+def snapshot(host) -> str:
+    return host.check_output(STATE)
+
+
+def converge_killed_in(task: str, after: float = 3.0) -> bool:
+    """Run converge.yml and SIGKILL the controller's whole process group ``after`` seconds into
+    ``task``; False when the run ended without reaching it."""
+    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+    scenario = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
+    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", inventory, str(scenario / "converge.yml")]
+    env = dict(
+        os.environ,
+        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+        ANSIBLE_DISPLAY_SKIPPED_HOSTS="true",
+        ANSIBLE_DISPLAY_OK_HOSTS="true",
+        ANSIBLE_NOCOLOR="1",
+    )
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("TASK [") and task in line:
+            time.sleep(after)
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            return True
+    proc.wait()
+    return False
+
+
+def test_the_uninterrupted_state(host, loader):
+    """After the good change above: what an uninterrupted run left."""
+    if loader != "grub":
+        pytest.skip("the interrupted runs are checked on the GRUB image")
+    SNAPSHOTS["uninterrupted"] = snapshot(host)
+
+
+def test_runs_killed_at_task_boundaries_are_finished_by_the_rerun(host, converge, loader):
+    if loader != "grub":
+        pytest.skip("the interrupted runs are checked on the GRUB image")
+    labhost("down")
+    labhost("up", "--fresh")
+    hit = []
+    for task in KILL_POINTS:
+        if converge_killed_in(task):
+            hit.append(task)
+            adhoc("ansible.builtin.wait_for_connection", "timeout=900")  # it may be rebooting
+    print(f"\nboot-trial: runs killed 3 s into: {hit}", flush=True)
+    assert hit, "no kill point was reached"
+    run = timed("grub rerun after the kills", lambda: converge())
+    assert run.failures == 0, run.output
+    assert snapshot(host) == SNAPSHOTS["uninterrupted"]
+    again = converge()
+    assert again.failures == 0 and again.changed == 0, again.output
