@@ -21,6 +21,9 @@ from gpuprov.facts.bootloader import (
     TRIAL_HOOK,
     TRIAL_SCRIPT,
     TRIAL_STATE,
+    TRIAL_UNIT,
+    TRIAL_UP,
+    TRIAL_WANTS,
     efi_string,
     gather_boot_inputs,
 )
@@ -145,7 +148,16 @@ def test_arm_writes_a_trial_entry_and_a_one_shot_and_leaves_the_default_alone(tm
     assert (p.stage, p.reboot, p.refusals) == ("armed", "trial", [])
     assert p.added == ["intel_iommu=on", "iommu=pt"]
     assert "etc/default/grub" not in paths(p)
-    assert [MODULES_LOAD, INITRAMFS_MODULES, TRIAL_HOOK, TRIAL_SCRIPT, GRUB_CUSTOM, TRIAL_STATE] == paths(p)
+    assert paths(p) == [
+        MODULES_LOAD,
+        INITRAMFS_MODULES,
+        TRIAL_HOOK,
+        TRIAL_SCRIPT,
+        GRUB_CUSTOM,
+        TRIAL_UNIT,
+        TRIAL_WANTS,
+        TRIAL_STATE,
+    ]
     assert commands(p) == [
         ["mkinitramfs", "-o", f"/boot/initrd.img-{KVER}.gpuprov-trial.new", KVER],
         ["mv", "-f", f"/boot/initrd.img-{KVER}.gpuprov-trial.new", f"/boot/initrd.img-{KVER}.gpuprov-trial"],
@@ -341,3 +353,25 @@ def test_systemd_boot_trial_uses_a_bls_entry_and_bootctl(tmp_path: Path) -> None
     apply(commit, str(tmp_path))
     assert (tmp_path / "etc/kernel/cmdline").read_text().endswith("quiet intel_iommu=on iommu=pt\n")
     assert not (tmp_path / "boot/efi/loader/entries/gpuprov-trial.conf").exists()
+
+
+def test_a_trial_that_came_up_unchecked_is_tried_again_not_failed(tmp_path: Path) -> None:
+    """The controller died (or was slower than the watchdog) after the trial boot reached
+    multi-user: its unit noted it, so the arguments are not blamed; armed again, twice at most."""
+    debian(tmp_path)
+    for attempt in (1, 2):
+        applied(tmp_path, plan(tmp_path))
+        trial = trial_line(tmp_path)
+        marker = next(a for a in trial.split() if a.startswith("gpuprov.trial="))
+        (tmp_path / TRIAL_UP).write_text(marker + "\n")  # what the unit writes on the trial boot
+        reboot(tmp_path, f"BOOT_IMAGE=/boot/vmlinuz-{KVER} {LINE}", iommu=False)  # reset, back on the default
+        p = plan(tmp_path)
+        assert (p.stage, p.failure) == ("armed", None), p.failure
+        assert any("tried again" in w for w in p.warnings)
+        assert TRIAL_UP in [a.path for a in p.actions]  # the note goes: the next trial writes its own
+        assert json.loads(next(a.content for a in p.actions if a.path == TRIAL_STATE))["unconfirmed"] == attempt
+        applied(tmp_path, p)
+    applied(tmp_path, plan(tmp_path))
+    (tmp_path / TRIAL_UP).write_text(marker + "\n")
+    reboot(tmp_path, f"BOOT_IMAGE=/boot/vmlinuz-{KVER} {LINE}", iommu=False)
+    assert plan(tmp_path).stage == "failed"  # a third time counts

@@ -24,6 +24,9 @@ GRUB_CUSTOM = "boot/grub/custom.cfg"
 BLS_ENTRIES = "boot/loader/entries"
 KERNEL_CMDLINE = "etc/kernel/cmdline"
 TRIAL_STATE = "var/lib/gpuprov/boot-trial.json"
+TRIAL_UP = "var/lib/gpuprov/trial-up"  # written by TRIAL_UNIT on a trial boot that reached multi-user
+TRIAL_UNIT = "etc/systemd/system/gpuprov-trial-up.service"
+TRIAL_WANTS = "etc/systemd/system/multi-user.target.d/gpuprov-trial.conf"
 # systemd-boot's loader interface (the Boot Loader Interface): variables under its vendor GUID.
 LOADER_GUID = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
 EFIVARS = "sys/firmware/efi/efivars"
@@ -250,7 +253,16 @@ def gather_bootloader(sysfs: Sysfs, managed: tuple[str, ...] = INITRAMFS_INPUTS)
 
 
 # The files the plan edits, read as text (each bounded by Sysfs).
-MANAGED_FILES = (MODULES_LOAD, *INITRAMFS_INPUTS, GRUB_CUSTOM, TRIAL_STATE, KERNEL_CMDLINE)
+MANAGED_FILES = (
+    MODULES_LOAD,
+    *INITRAMFS_INPUTS,
+    GRUB_CUSTOM,
+    TRIAL_STATE,
+    TRIAL_UP,
+    TRIAL_UNIT,
+    TRIAL_WANTS,
+    KERNEL_CMDLINE,
+)
 TRIAL_CHECK_TIMEOUT = 300
 
 

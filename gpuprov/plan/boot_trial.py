@@ -39,13 +39,16 @@ from ..facts.bootloader import (
     TRIAL_HOOK,
     TRIAL_SCRIPT,
     TRIAL_STATE,
+    TRIAL_UNIT,
+    TRIAL_UP,
+    TRIAL_WANTS,
     BlsEntry,
     BootInputs,
     BootloaderFacts,
     TrialChecks,
 )
 from ..facts.iommu import kernel_param, kernel_split, parse_cmdline
-from .base import COMMAND, Action, Refusal, file_action, sysfs_write
+from .base import COMMAND, REMOVE_FILE, Action, Refusal, file_action, sysfs_write
 from .cmdline import (
     MAX_LINE,
     CmdlinePlan,
@@ -62,6 +65,28 @@ from .cmdline import (
 DOC = "docs/reference/boot-trial.md"
 TRIAL_SUFFIX = ".gpuprov-trial"
 MARK_BEGIN, MARK_END = "# BEGIN gpuprov iommu_host", "# END gpuprov iommu_host"
+MAX_UNCONFIRMED = 2  # trial boots that came up unchecked, tried again before one counts as failed
+# Notes, on a trial boot only, that it reached multi-user: a trial reset unchecked is told from one
+# that never came up. Enabled by its link in multi-user.target.wants (no systemctl: staged roots work).
+TRIAL_UNIT_TEXT = f"""\
+# Managed by gpuprov (iommu_host role), {DOC}.
+[Unit]
+Description=gpuprov: note that a trial boot came up
+ConditionKernelCommandLine={TRIAL_ARG}
+After=multi-user.target
+
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'grep -o "{TRIAL_ARG}=[^ ]*" /proc/cmdline > /{TRIAL_UP}'
+
+[Install]
+WantedBy=multi-user.target
+"""
+# Wanted by multi-user.target through a drop-in: a plain file, no `systemctl enable` needed.
+TRIAL_UNIT_FILES = {
+    TRIAL_UNIT: TRIAL_UNIT_TEXT,
+    TRIAL_WANTS: f"# Managed by gpuprov (iommu_host role), {DOC}.\n[Unit]\nWants=gpuprov-trial-up.service\n",
+}
 CUSTOM_BEGIN = "### BEGIN gpuprov trial boot (gpuprov removes it after the trial) ###"
 CUSTOM_END = "### END gpuprov trial boot ###"
 # The hardware watchdog drivers whose timeout a kernel argument sets, and the seconds a reset takes
@@ -598,8 +623,20 @@ def _plan_trial(
     if same and state and state.get("status") == "armed" and state.get("armed_boot_id") != boot_id:
         if running.get(TRIAL_ARG) == tid:
             return _judge_trial(inputs, request, plan, default, state)
-        # The host is up again without the trial's marker: the trial boot panicked, hung or was
-        # reset, and the one-shot entry is spent. Record it; the default was never touched.
+        # The host is up again without the trial's marker, the one-shot spent. When the trial boot
+        # reached multi-user (its unit noted it) nobody checked it in time (the controller died, or
+        # was slower than the watchdog): not the arguments' fault, it is armed again (twice at most).
+        came_up = (inputs.files.get(TRIAL_UP) or "").strip() == f"{TRIAL_ARG}={tid}"
+        unconfirmed = int(state.get("unconfirmed") or 0) if str(state.get("unconfirmed") or 0).isdigit() else 9
+        if came_up and unconfirmed < MAX_UNCONFIRMED:
+            plan.warnings.append(
+                "the trial boot came up but was not checked before its watchdog reset it "
+                "(the controller was gone, or slower than watchdog_seconds): it is tried again"
+            )
+            state = {**state, "unconfirmed": unconfirmed + 1, "status": "armed"}
+            return _arm(inputs, request, plan, default, load_actions, input_actions, entry, state, tid, rearm=False)
+        # Else the trial boot panicked, hung or was reset before multi-user. Record it; the default
+        # was never touched.
         why = "the trial boot did not come up: the host came back by itself on its previous arguments"
         plan.failure = (
             f"{why}; the arguments tried: {added} (whole line: {state.get('trial_args')}); "
@@ -609,7 +646,25 @@ def _plan_trial(
         record = _state_action(inputs, _failed_record(state, boot_id, why), "record the failed trial")
         plan.actions = _forget_trial(inputs, committed=False) + ([record] if record else [])
         return plan
-    # Arm (again, when a run was killed before its reboot: what is done already is not redone).
+    rearm = same and state is not None and state.get("status") == "armed"
+    return _arm(inputs, request, plan, default, load_actions, input_actions, entry, state if same else None, tid, rearm)
+
+
+def _arm(
+    inputs: BootInputs,
+    request: BootRequest,
+    plan: BootPlan,
+    default: CmdlinePlan,
+    load_actions: list[Action],
+    input_actions: list[Action],
+    entry: Entry,
+    state: dict | None,
+    tid: str,
+    rearm: bool,
+) -> BootPlan:
+    """Arm the trial (again, when a run was killed before its reboot: what is done is not redone)."""
+    boot = inputs.boot
+    added = " ".join(plan.added) or "(none)"
     wdt = request.watchdog_module or (boot.watchdogs[0] if boot.watchdogs else None)
     if not (wdt and family_debian(boot)):
         wdt = None
@@ -629,7 +684,6 @@ def _plan_trial(
         # always "fail" (its watchdog fires) and be recorded so.
         plan.actions, plan.reboot_required, plan.reboot, plan.stage = actions, True, "trial", "owed"
         return plan
-    rearm = same and state is not None and state.get("status") == "armed"
     if rearm and state is not None and trial_initrd_of(state) in inputs.present:
         owed_initramfs = owed_initramfs or "built for this trial"  # the trial entry keeps naming it
     trial_initrd, trial_initrd_rel = _trial_paths(boot, entry) if owed_initramfs else (None, None)
@@ -666,12 +720,20 @@ def _plan_trial(
     if action:
         actions.append(action)
     if not boot.oneshot_pending:
-        actions.append(Action(COMMAND, "boot the trial entry once, at the next boot only", argv=oneshot))
+        argv = _oneshot_argv(boot)  # there is one: _plan_trial refused otherwise
+        actions.append(Action(COMMAND, "boot the trial entry once, at the next boot only", argv=argv))
+    if inputs.files.get(TRIAL_UP) is not None:
+        actions.append(Action(REMOVE_FILE, "a new trial boot", path=TRIAL_UP, before=inputs.files.get(TRIAL_UP)))
+    for path, text in TRIAL_UNIT_FILES.items():
+        action = file_action(path, text, inputs.files.get(path), "note that a trial boot came up")
+        if action:
+            actions.append(action)
     record = {
         "id": tid,
         "status": "armed",
         "loader": boot.loader,
-        "armed_boot_id": boot_id,
+        "armed_boot_id": boot.boot_id,
+        "unconfirmed": int((state or {}).get("unconfirmed") or 0),
         "added": plan.added,
         "args_before": default.args_before,
         "args_after": default.args_after,
