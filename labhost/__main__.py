@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import debpkg
+from . import debpkg, image
 from .boot import down, up
 from .common import BOOT_TIMEOUT, DEFAULT_PORT, PORT_ENV, LabError, default_port, lab_dir
 from .status import ssh, status
@@ -15,7 +15,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
     lab = lab_dir()
     try:
         if args.lab_command == "up":
-            return up(lab, args.port, args.fresh, args.rebuild, args.timeout)
+            return up(lab, args.port, args.fresh, args.rebuild, args.timeout, args.loader)
         if args.lab_command == "down":
             return down(lab, args.force, args.timeout)
         if args.lab_command == "status":
@@ -48,6 +48,13 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--fresh", action="store_true", help="start from the pristine image (drop the lab host's changes)")
     q.add_argument("--rebuild", action="store_true", help="rebuild the image even if it is cached")
     q.add_argument("--timeout", type=float, default=BOOT_TIMEOUT, help="seconds to wait for SSH")
+    q.add_argument(
+        "--loader",
+        choices=image.LOADERS,
+        default=image.DEFAULT_LOADER,
+        help="the boot loader of the lab host's image: GRUB (default) or systemd-boot on a GPT ESP at "
+        f"{image.ESP_MOUNT} (each has its own cached image; switching starts the lab host fresh)",
+    )
     q = lab_sub.add_parser("down", help="power the lab host off (its disk is kept; up --fresh drops it)")
     q.add_argument("--force", action="store_true", help="stop QEMU at once instead of a clean poweroff")
     q.add_argument("--timeout", type=float, default=120, help="seconds to wait for a clean poweroff")

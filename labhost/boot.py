@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -28,9 +29,11 @@ from .common import (
     overrides_option,
     say,
 )
-from .image import ensure_image
+from .image import DEFAULT_LOADER, ensure_image
 
 # ---------------------------------------------------------------- the running lab host
+
+QMP_EVENTS = "qmp-events.sock"  # the QMP monitor `watchdog` listens on for QEMU's events
 
 
 def run_dir(lab: Path) -> Path:
@@ -54,7 +57,15 @@ def qemu_pid(lab: Path) -> int | None:
     return pid if b"qemu-system" in cmdline and str(run_dir(lab)).encode() in cmdline else None
 
 
-def qemu_argv(lab: Path, image: Path, port: int) -> list[str]:
+def esp_drive(lab: Path, image: Path, loader: str) -> str:
+    """The ESP: GRUB's read-only (the cached image: nothing writes it); systemd-boot's on a
+    copy-on-write overlay (run/esp.qcow2): bootctl and kernel-install write it."""
+    if loader == "grub":
+        return f"if=none,id=esp,format=raw,readonly=on,file={image / 'esp.img'}"
+    return f"if=none,id=esp,format=qcow2,file={run_dir(lab) / 'esp.qcow2'}"
+
+
+def qemu_argv(lab: Path, image: Path, port: int, loader: str = DEFAULT_LOADER) -> list[str]:
     run = run_dir(lab)
     return [
         *debpkg.QEMU_HOST,
@@ -69,15 +80,22 @@ def qemu_argv(lab: Path, image: Path, port: int) -> list[str]:
         f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
         "-drive",
         f"if=pflash,format=raw,unit=1,file={run / 'OVMF_VARS.fd'}",
-        # The root disk (/dev/vda, the overlay) and the ESP (read-only, the cached image).
+        # The root disk (/dev/vda, the overlay) and the ESP (/dev/vdb).
         "-drive",
         f"if=none,id=root,format=qcow2,file={run / 'root.qcow2'}",
         "-device",
         "virtio-blk-pci,drive=root,bus=pcie.0,addr=0x4,bootindex=1",
         "-drive",
-        f"if=none,id=esp,format=raw,readonly=on,file={image / 'esp.img'}",
+        esp_drive(lab, image, loader),
         "-device",
         "virtio-blk-pci,drive=esp,bus=pcie.0,addr=0x5,bootindex=0",
+        # The machine's hardware watchdog (Intel 6300ESB, Linux's i6300esb module): armed and
+        # then no longer fed, it resets the machine (issue 16's trial boots). QEMU reports it
+        # as a QMP WATCHDOG event (the second QMP socket, logged by `watchdog`).
+        "-device",
+        "i6300esb,bus=pcie.0,addr=0x6",
+        "-action",
+        "watchdog=reset",
         # edu A: alone behind a root port.
         "-device",
         "pcie-root-port,id=rp1,bus=pcie.0,addr=0x1,chassis=1",
@@ -111,6 +129,8 @@ def qemu_argv(lab: Path, image: Path, port: int) -> list[str]:
         "chardev:ser0",
         "-qmp",
         f"unix:{run / 'qmp.sock'},server=on,wait=off",
+        "-qmp",
+        f"unix:{run / QMP_EVENTS},server=on,wait=off",
         "-pidfile",
         str(run / "qemu.pid"),
         "-daemonize",
@@ -173,7 +193,7 @@ def console_tail(lab: Path, chars: int = 3000) -> str:
         return "(no console log)"
 
 
-def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float) -> int:
+def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float, loader: str = DEFAULT_LOADER) -> int:
     run = run_dir(lab)
     state = read_state(lab)
     pid = qemu_pid(lab)
@@ -184,7 +204,7 @@ def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float) -> int:
         return 0
     ensure_tools(RUN_TOOLS)
     t0 = time.monotonic()
-    image = ensure_image(lab, rebuild)
+    image = ensure_image(lab, rebuild, loader)
     t_image = time.monotonic() - t0
     if not port_free(port):
         raise LabError(
@@ -197,37 +217,27 @@ def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float) -> int:
     if fresh or not (run / "root.qcow2").exists():
         shutil.rmtree(run, ignore_errors=True)
         run.mkdir(parents=True)
-        debpkg.sh(
-            [
-                "qemu-img",
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-F",
-                "raw",
-                "-b",
-                str((image / "root.img").resolve()),
-                str(run / "root.qcow2"),
-            ]
-        )
+        # Copy-on-write overlays of the cached image's disks (GRUB's ESP is used read-only).
+        for disk in ("root",) if loader == "grub" else ("root", "esp"):
+            backing, overlay = str((image / f"{disk}.img").resolve()), str(run / f"{disk}.qcow2")
+            debpkg.sh(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", backing, overlay])
         shutil.copy(OVMF_VARS, run / "OVMF_VARS.fd")
     info = json.loads((image / "info.json").read_text())
     (lab / "known_hosts").write_text(f"[127.0.0.1]:{port} {info['host_key']}\n")
-    for stale in ("qemu.pid", "qmp.sock"):
+    for stale in ("qemu.pid", "qmp.sock", QMP_EVENTS):
         with suppress(FileNotFoundError):
             (run / stale).unlink()
-    argv = qemu_argv(lab, image, port)
+    argv = qemu_argv(lab, image, port, loader)
     (run / "qemu.argv").write_text(json.dumps(argv) + "\n")
     r = subprocess.run(argv, capture_output=True, text=True, cwd=run, check=False)
     if r.returncode:
         raise LabError(f"QEMU did not start: {r.stderr.strip()}")
-    state = {"key": image.name, "port": port, "started": time.time(), "image": str(image)}
+    state = {"key": image.name, "loader": loader, "port": port, "started": time.time(), "image": str(image)}
     (run / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     pid = qemu_pid(lab)
     if pid:
         start_watchdog(lab, pid)
-    say(f"booting (console: {run / 'console.log'})")
+    say(f"booting with {loader} (console: {run / 'console.log'})")
     boot = wait_for_ssh(lab, port, timeout)
     say(f"up: SSH on 127.0.0.1:{port} after {boot:.0f} s of boot (image step {t_image:.0f} s)")
     extra = inventory_overrides(lab, port)
@@ -250,12 +260,56 @@ def qmp(lab: Path, *commands: str) -> None:
                 pass  # an event (RESET, POWERDOWN...) came first
 
 
-# The console lines that start a boot (the firmware handing over to GRUB, or the
-# kernel restarting the machine) and the one that ends it (getty on ttyS0).
+# The console lines that start a boot (the firmware handing over to the boot loader, or
+# the kernel restarting the machine) and the one that ends it (getty on ttyS0).
 BOOT_STARTS = ("BdsDxe: starting", "reboot: Restarting system")
 BOOT_DONE = f"{HOSTNAME} login:"
 WATCHDOG_LIMIT = 240  # seconds from a boot's start to its login prompt (about 30 s normally)
 WATCHDOG_TRIES = 3  # resets in a row without a finished boot before the watchdog gives up
+# Who reset the machine, first word of each run/watchdog.log line after the time stamp:
+# labhost's BMC-like boot watchdog (below) or a hardware watchdog of the guest's own (QEMU's
+# WATCHDOG event: the i6300esb, or q35's ICH9 TCO, which Linux's iTCO_wdt drives).
+RESET_BY_LAB = "lab-bmc:"
+RESET_BY_GUEST = "guest-watchdog:"
+
+
+def qmp_events_connect(lab: Path, timeout: float = 10) -> socket.socket | None:
+    """The events QMP monitor, after its handshake (QEMU sends events only then); None if it
+    does not answer."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.settimeout(5)
+            s.connect(str(run_dir(lab) / QMP_EVENTS))
+            s.sendall(json.dumps({"execute": "qmp_capabilities"}).encode() + b"\n")
+            s.setblocking(False)
+            return s
+        except OSError:
+            s.close()
+            time.sleep(0.5)
+    return None
+
+
+def qmp_events(buf: bytes) -> tuple[list[dict], bytes]:
+    """The QMP events in ``buf`` (one JSON object a line; greeting and replies dropped) and the
+    incomplete line left over."""
+    *lines, rest = buf.split(b"\n")
+    events = []
+    for line in lines:
+        with suppress(ValueError):
+            msg = json.loads(line)
+            if isinstance(msg, dict) and "event" in msg:
+                events.append(msg)
+    return events, rest
+
+
+def guest_watchdog_line(event: dict) -> str | None:
+    """The watchdog.log text for a QMP WATCHDOG event (the i6300esb fired), else None."""
+    if event.get("event") != "WATCHDOG":
+        return None
+    action = (event.get("data") or {}).get("action", "?")
+    return f"{RESET_BY_GUEST} the guest's hardware watchdog (i6300esb or TCO) expired: QEMU's action {action}"
 
 
 def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
@@ -264,11 +318,28 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
     Debian's kernel under TCG now and then hangs early in boot (both vCPUs spinning
     with interrupts off, around the switch to the TSC clocksource, about one boot in
     thirty); a real host's BMC watchdog would reset it, and so does this. Each
-    reset is logged in run/watchdog.log (``python -m labhost status`` shows them). Runs
-    until QEMU exits."""
+    reset is logged in run/watchdog.log (``python -m labhost status`` shows them), and so
+    is each reset by the guest's own i6300esb (QMP WATCHDOG events): RESET_BY_LAB and
+    RESET_BY_GUEST tell them apart. Runs until QEMU exits."""
     console, log = run_dir(lab) / "console.log", run_dir(lab) / "watchdog.log"
     offset, started, tries = 0, time.monotonic(), 0
-    while not wait_gone(pid, 2):
+    events, pending = qmp_events_connect(lab), b""
+
+    def note(text: str) -> None:
+        with open(log, "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+
+    while not wait_gone(pid, 0 if events else 2):
+        if events:
+            with suppress(OSError):
+                select.select([events], [], [], 2)
+                chunk = events.recv(65536)
+                if not chunk:  # QEMU closed the monitor: it is exiting
+                    events = None
+                pending += chunk
+            got, pending = qmp_events(pending)
+            for line in filter(None, map(guest_watchdog_line, got)):
+                note(line)
         try:
             with open(console, "rb") as f:
                 f.seek(offset)
@@ -284,12 +355,10 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
             started = time.monotonic()
         if started is not None and time.monotonic() - started > limit:
             tries += 1
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-            with open(log, "a") as f:
-                if tries > WATCHDOG_TRIES:
-                    f.write(f"{stamp} boot stuck again after {WATCHDOG_TRIES} resets: giving up\n")
-                    return
-                f.write(f"{stamp} no login prompt {limit:.0f} s after the boot started: system_reset\n")
+            if tries > WATCHDOG_TRIES:
+                note(f"{RESET_BY_LAB} boot stuck again after {WATCHDOG_TRIES} resets: giving up")
+                return
+            note(f"{RESET_BY_LAB} no login prompt {limit:.0f} s after the boot started: system_reset")
             qmp(lab, "system_reset")
             started = time.monotonic()
 

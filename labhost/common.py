@@ -61,6 +61,7 @@ BUILD_TOOLS = {
     "mkfs.ext4": "e2fsprogs",
     "mkfs.vfat": "dosfstools",
     "mcopy": "mtools",
+    "sgdisk": "gdisk",  # systemd-boot's GPT ESP
     "ssh-keygen": "openssh-client",
     "make": "make",
     "gcc-12": "gcc-12",

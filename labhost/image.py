@@ -32,8 +32,6 @@ PACKAGES = [
     "python3",
     "iproute2",
     "pciutils",
-    "grub2-common",
-    "grub-efi-amd64-bin",
     "sudo",  # the playbook has become: true
     "dbus",  # logind: `shutdown -r 0 MSG` (Ansible's reboot module) needs it
     "python3-apt",  # Ansible's apt module: vgpu_host's mdevctl step finds it installed, offline
@@ -50,6 +48,16 @@ PACKAGES = [
     "python3-libvirt",
     "mdevctl",  # the vGPU role persists mdevs as mdevctl definitions
 ]
+# The boot loader (``up --loader``): GRUB (the default, as grub-install would set it up,
+# its modules and environment block on the root disk) or systemd-boot on a writable
+# GPT ESP mounted at /boot/efi (Debian's bootctl install and kernel-install).
+LOADERS = ("grub", "systemd-boot")
+DEFAULT_LOADER = "grub"
+LOADER_PACKAGES = {
+    "grub": ["grub2-common", "grub-efi-amd64-bin"],
+    "systemd-boot": ["systemd-boot", "systemd-boot-efi", "dosfstools"],
+}
+ESP_MOUNT = "/boot/efi"  # systemd-boot's ESP in the lab host (Debian's fstab line, kernel-install's search)
 # Not installed: busybox-static goes into the nested guest's initramfs.
 NESTED_PACKAGES = ["busybox-static"]
 SUITE = "bookworm"
@@ -179,13 +187,30 @@ def build_nested_initrd(root: Path, kver: str, busybox_deb: Path) -> None:
 
 
 EMBEDDED_GRUB_CFG = """\
-# Standalone GRUB (the lab's ESP): hand over to the root disk's grub.cfg,
-# which update-grub writes from /etc/default/grub, as on any Debian host.
+# Standalone GRUB (the lab's ESP): hand over to the root disk's /boot/grub, as a
+# grub-install'ed GRUB would: $prefix there (its modules, grubenv: load_env/save_env
+# and so grub-reboot's next_entry reach the root disk), then the grub.cfg that
+# update-grub writes from /etc/default/grub, as on any Debian host.
 # (By file system UUID: a search by file would find the memdisk's own grub.cfg.)
-# GRUB's modules stay on the memdisk ($prefix): the root disk has none (no grub-install).
 search --no-floppy --fs-uuid --set=root {fs_uuid}
-configfile ($root)/boot/grub/grub.cfg
+set prefix=($root)/boot/grub
+configfile $prefix/grub.cfg
 """
+
+
+def kernel_cmdline(fs_uuid: str) -> str:
+    """/etc/kernel/cmdline (systemd-boot's kernel-install): the arguments update-grub gives the
+    GRUB image's entries (root, ro, GRUB_CMDLINE_LINUX, GRUB_CMDLINE_LINUX_DEFAULT)."""
+    return f"root=UUID={fs_uuid} ro {GRUB_CMDLINE_LINUX} {GRUB_CMDLINE_LINUX_DEFAULT}\n"
+
+
+def fstab(fs_uuid: str, loader: str, esp_volid: str) -> str:
+    """The root file system; with systemd-boot also the ESP at ESP_MOUNT (the line Debian's
+    installer writes), which bootctl and kernel-install find there."""
+    text = f"UUID={fs_uuid} / ext4 errors=remount-ro 0 1\n"
+    if loader == "systemd-boot":
+        text += f"UUID={esp_volid[:4]}-{esp_volid[4:]} {ESP_MOUNT} vfat umask=0077 0 1\n"
+    return text
 
 
 @contextmanager
@@ -265,7 +290,46 @@ def edit_grub_default(text: str) -> str:
     return text
 
 
-def build_rootfs(root: Path, pkgs: dict[str, str], kver: str, pubkey: str, mtty: Path, lab: Path, fs_uuid: str) -> None:
+def setup_grub(root: Path, fs_uuid: str) -> None:
+    """GRUB as grub-install leaves it on the root disk (its x86_64-efi modules and an
+    environment block under /boot/grub), /etc/default/grub, and the standalone GRUB
+    for the ESP (/tmp/BOOTX64.EFI) that hands over to it. In the build chroot."""
+    grub_dir = root / "boot/grub"
+    grub_dir.mkdir(exist_ok=True)  # update-grub writes into it
+    modules = grub_dir / "x86_64-efi"
+    modules.mkdir(exist_ok=True)
+    for f in (root / "usr/lib/grub/x86_64-efi").iterdir():
+        if f.suffix in (".mod", ".lst"):  # what grub-install copies for a platform
+            shutil.copy(f, modules / f.name)
+    chroot(root, "grub-editenv", "/boot/grub/grubenv", "create")
+    grub = root / "etc/default/grub"
+    if not grub.exists():  # written by grub-pc/grub-efi-amd64's postinst, which a lab does not need
+        shutil.copy(root / "usr/share/grub/default/grub", grub)
+    grub.write_text(edit_grub_default(grub.read_text()))
+    put(root, "tmp/embedded.cfg", EMBEDDED_GRUB_CFG.format(fs_uuid=fs_uuid))
+    chroot(
+        root,
+        "grub-mkstandalone",
+        "-O",
+        "x86_64-efi",
+        "-o",
+        "/tmp/BOOTX64.EFI",
+        "boot/grub/grub.cfg=/tmp/embedded.cfg",
+    )
+    (root / "tmp/embedded.cfg").unlink()
+
+
+def setup_systemd_boot(root: Path, fs_uuid: str) -> None:
+    """What systemd-boot needs before the first boot installs it: the kernel's arguments in
+    /etc/kernel/cmdline and the ESP's mount point. (Installed in the chroot, systemd-boot's
+    postinst found no ESP mounted and left it for first_boot.)"""
+    put(root, "etc/kernel/cmdline", kernel_cmdline(fs_uuid))
+    (root / ESP_MOUNT.lstrip("/")).mkdir(parents=True, exist_ok=True)
+
+
+def build_rootfs(
+    root: Path, pkgs: dict[str, str], kver: str, pubkey: str, mtty: Path, lab: Path, fs_uuid: str, loader: str
+) -> None:
     mirror, security = debian_mirrors()
     cache = lab / "debs"
     nested = {n: v for n, v in pkgs.items() if n in NESTED_PACKAGES}
@@ -318,11 +382,6 @@ def build_rootfs(root: Path, pkgs: dict[str, str], kver: str, pubkey: str, mtty:
         for rel in REMOVED_FILES:
             with suppress(FileNotFoundError):
                 (root / rel).unlink()
-        (root / "boot/grub").mkdir(exist_ok=True)  # grub-install would make it; update-grub writes into it
-        grub = root / "etc/default/grub"
-        if not grub.exists():  # written by grub-pc/grub-efi-amd64's postinst, which a lab does not need
-            shutil.copy(root / "usr/share/grub/default/grub", grub)
-        grub.write_text(edit_grub_default(grub.read_text()))
         modules = root / "etc/initramfs-tools/modules"
         modules.write_text(modules.read_text() + "".join(f"{m}\n" for m in INITRAMFS_MODULES))
         put(root, "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
@@ -334,17 +393,11 @@ def build_rootfs(root: Path, pkgs: dict[str, str], kver: str, pubkey: str, mtty:
         with suppress(FileNotFoundError):
             (root / "boot" / f"initrd.img-{kver}").unlink()
         chroot(root, "update-initramfs", "-c", "-k", kver)
-        put(root, "tmp/embedded.cfg", EMBEDDED_GRUB_CFG.format(fs_uuid=fs_uuid))
-        put(root, "usr/local/sbin/gpuprov-lab-firstboot", FIRSTBOOT, 0o755)
-        chroot(
-            root,
-            "grub-mkstandalone",
-            "-O",
-            "x86_64-efi",
-            "-o",
-            "/tmp/BOOTX64.EFI",
-            "boot/grub/grub.cfg=/tmp/embedded.cfg",
-        )
+        put(root, "usr/local/sbin/gpuprov-lab-firstboot", firstboot_script(loader), 0o755)
+        if loader == "grub":
+            setup_grub(root, fs_uuid)
+        else:
+            setup_systemd_boot(root, fs_uuid)
     (root / "usr/sbin/policy-rc.d").unlink()
     # The lab host has no network to fetch packages with: no indexes, no caches.
     for p in [*(root / "var/lib/apt/lists").glob("*_*"), *(root / "var/cache/apt").glob("*.bin")]:
@@ -361,24 +414,51 @@ def make_root_image(root: Path, img: Path, fs_uuid: str) -> None:
     debpkg.sh(["mkfs.ext4", "-q", "-F", "-L", "labroot", "-U", fs_uuid, "-d", str(root), str(img), f"{size}M"])
 
 
-FIRSTBOOT = """\
-#!/bin/sh
-# The image's first boot (once, while it is built): update-grub on the lab host's
-# own kernel and disk, so /boot/grub/grub.cfg comes from /etc/default/grub exactly
-# as it will whenever the lab host runs update-grub itself.
-PATH=/usr/sbin:/usr/bin:/sbin:/bin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-update-grub > /dev/console 2>&1 && echo "gpuprov-lab: firstboot ok" > /dev/console
-rm -f /usr/local/sbin/gpuprov-lab-firstboot
-mount -o remount,ro /
-sync
-echo o > /proc/sysrq-trigger
-"""
+FIRSTBOOT_LOADER = {
+    # update-grub on the lab host's own kernel and disk, so /boot/grub/grub.cfg comes from
+    # /etc/default/grub exactly as it will whenever the lab host runs update-grub itself.
+    "grub": "update-grub && ok=1\n",
+    # What systemd-boot's postinst does where an ESP is mounted (/var/lib/dpkg/info/
+    # systemd-boot.postinst): bootctl install, then kernel-install add for each kernel (its
+    # entry's options from /etc/kernel/cmdline). udev first: bootctl checks the ESP's GPT
+    # partition type through the /dev/block links udev makes.
+    "systemd-boot": f"""\
+/lib/systemd/systemd-udevd --daemon && udevadm trigger && udevadm settle
+if mount {ESP_MOUNT} && bootctl install --make-machine-id-directory=auto; then
+  ok=1
+  for k in /boot/vmlinuz-*; do kernel-install add "${{k#/boot/vmlinuz-}}" "$k" || ok=
+  done
+  printf 'timeout 0\\n' > {ESP_MOUNT}/loader/loader.conf || ok=
+fi
+umount {ESP_MOUNT}
+udevadm control --exit
+""",
+}
 
 
-def first_boot(img: Path, work: Path, fs_uuid: str) -> None:
-    """Boot the image once (QEMU direct kernel boot) to run its own update-grub."""
+def firstboot_script(loader: str) -> str:
+    """/usr/local/sbin/gpuprov-lab-firstboot: init of the image's one boot while it is built,
+    which sets the boot loader up on the lab host's own kernel and disks, then powers off."""
+    return (
+        "#!/bin/sh\n"
+        f"# The image's first boot (once, while it is built): the boot loader ({loader}).\n"
+        "PATH=/usr/sbin:/usr/bin:/sbin:/bin\n"
+        "mount -t proc proc /proc\n"
+        "mount -t sysfs sysfs /sys\n"
+        "exec > /dev/console 2>&1\n"
+        "ok=\n"
+        f"{FIRSTBOOT_LOADER[loader]}"
+        '[ -n "$ok" ] && echo "gpuprov-lab: firstboot ok"\n'
+        "rm -f /usr/local/sbin/gpuprov-lab-firstboot\n"
+        "for i in 1 2 3 4 5; do mount -o remount,ro / && break; sleep 1; done\n"  # udevd's workers may linger
+        "sync\n"
+        "echo o > /proc/sysrq-trigger\n"
+    )
+
+
+def first_boot(img: Path, work: Path, fs_uuid: str, loader: str) -> None:
+    """Boot the image once (QEMU direct kernel boot) to set its boot loader up
+    (firstboot_script), and check what that wrote."""
     log = work / "firstboot.log"
     argv = [
         "qemu-system-x86_64",
@@ -402,6 +482,7 @@ def first_boot(img: Path, work: Path, fs_uuid: str) -> None:
         f"root=UUID={fs_uuid} rw console=ttyS0 panic=-1 quiet init=/usr/local/sbin/gpuprov-lab-firstboot",
         "-drive",
         f"file={img},format=raw,if=virtio",
+        *(["-drive", f"file={work / 'esp.img'},format=raw,if=virtio"] if loader == "systemd-boot" else []),
         "-netdev",
         "user,id=n0,restrict=on",
         "-serial",
@@ -413,10 +494,18 @@ def first_boot(img: Path, work: Path, fs_uuid: str) -> None:
         pass
     text = log.read_text(errors="replace") if log.exists() else ""
     if "gpuprov-lab: firstboot ok" not in text:
-        raise LabError(f"the image's first boot (update-grub) failed; console:\n{text[-3000:]}")
-    cfg = debpkg.sh(["debugfs", "-R", "cat /boot/grub/grub.cfg", str(img)])
-    if f"root=UUID={fs_uuid}" not in cfg or GRUB_CMDLINE_LINUX not in cfg:
-        raise LabError("update-grub wrote no entry booting root=UUID= with the lab's console arguments")
+        raise LabError(f"the image's first boot ({loader}) failed; console:\n{text[-3000:]}")
+    if loader == "grub":
+        cfg = debpkg.sh(["debugfs", "-R", "cat /boot/grub/grub.cfg", str(img)])
+        if f"root=UUID={fs_uuid}" not in cfg or GRUB_CMDLINE_LINUX not in cfg:
+            raise LabError("update-grub wrote no entry booting root=UUID= with the lab's console arguments")
+        return
+    esp = f"{work / 'esp.img'}@@{ESP_OFFSET}"
+    entries = debpkg.sh(["mdir", "-b", "-i", esp, "::/loader/entries"]).split()
+    options = [entry_options(debpkg.sh(["mtype", "-i", esp, e])) for e in entries if e.endswith(".conf")]
+    if not any(o.startswith(kernel_cmdline(fs_uuid).strip()) for o in options):
+        raise LabError(f"kernel-install wrote no entry with /etc/kernel/cmdline's options: {entries}")
+    debpkg.sh(["mdir", "-i", esp, "::/EFI/BOOT/BOOTX64.EFI"])  # systemd-boot as the removable-media loader
 
 
 def make_esp(efi: Path, esp: Path) -> None:
@@ -426,7 +515,38 @@ def make_esp(efi: Path, esp: Path) -> None:
     debpkg.sh(["mcopy", "-i", str(esp), str(efi), "::/EFI/BOOT/BOOTX64.EFI"])
 
 
-def build_image(lab: Path, key: str, pkgs: dict[str, str], kver: str, pubkey: str) -> Path:
+def entry_options(entry: str) -> str:
+    """A Boot Loader Specification entry's ``options`` (kernel-install aligns its values with
+    spaces and appends systemd.machine_id=), "" without one."""
+    for line in entry.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key == "options":
+            return value.strip()
+    return ""
+
+
+# systemd-boot's ESP: a GPT disk of ESP_DISK_MIB whose one partition, from ESP_OFFSET to
+# 1 MiB before the end, is an EFI System Partition (bootctl checks the partition type).
+ESP_DISK_MIB = 64
+ESP_OFFSET = 1024 * 1024
+
+
+def make_gpt_esp(esp: Path, volid: str) -> None:
+    """An empty FAT ESP on a GPT disk (sgdisk, mkfs.vfat into the partition's extent): its
+    contents come from bootctl install and kernel-install at the first boot."""
+    part_kib = (ESP_DISK_MIB - 2) * 1024
+    with open(esp, "wb") as f:
+        f.truncate(ESP_DISK_MIB * 1024 * 1024)
+    debpkg.sh(["sgdisk", "-n", f"1:{ESP_OFFSET // 512}:+{part_kib}K", "-t", "1:ef00", "-c", "1:EFI System", str(esp)])
+    part = esp.with_suffix(".part")
+    debpkg.sh(["mkfs.vfat", "-C", "-i", volid, "-n", "LABESP", str(part), str(part_kib)])
+    with open(esp, "r+b") as f:
+        f.seek(ESP_OFFSET)
+        f.write(part.read_bytes())
+    part.unlink()
+
+
+def build_image(lab: Path, key: str, pkgs: dict[str, str], kver: str, pubkey: str, loader: str) -> Path:
     out = lab / "images" / key
     work = lab / "build.tmp"
     if work.exists():
@@ -436,21 +556,26 @@ def build_image(lab: Path, key: str, pkgs: dict[str, str], kver: str, pubkey: st
     mtty = debpkg.build_mtty(kver, lab / "mtty" / kver / "mtty.ko", lab / "debs")
     root = work / "root"
     fs_uuid = str(uuid.uuid4())
-    build_rootfs(root, pkgs, kver, pubkey, mtty, lab, fs_uuid)
-    put(root, "etc/fstab", f"UUID={fs_uuid} / ext4 errors=remount-ro 0 1\n")
-    shutil.move(str(root / "tmp/BOOTX64.EFI"), work / "BOOTX64.EFI")
-    (root / "tmp/embedded.cfg").unlink()
+    esp_volid = uuid.uuid4().hex[:8].upper()
+    build_rootfs(root, pkgs, kver, pubkey, mtty, lab, fs_uuid, loader)
+    put(root, "etc/fstab", fstab(fs_uuid, loader, esp_volid))
+    if loader == "grub":
+        shutil.move(str(root / "tmp/BOOTX64.EFI"), work / "BOOTX64.EFI")
     host_key = (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2]
     say("imaging (mkfs.ext4 -d, ESP)")
     for name in ("vmlinuz", "initrd.img"):
         shutil.copy(root / "boot" / f"{name}-{kver}", work / name)
     make_root_image(root, work / "root.img", fs_uuid)
     shutil.rmtree(root)
-    say("first boot (update-grub)")
-    first_boot(work / "root.img", work, fs_uuid)
-    make_esp(work / "BOOTX64.EFI", work / "esp.img")
+    if loader == "grub":
+        make_esp(work / "BOOTX64.EFI", work / "esp.img")
+    else:
+        make_gpt_esp(work / "esp.img", esp_volid)
+    say(f"first boot ({loader})")
+    first_boot(work / "root.img", work, fs_uuid, loader)
     info = {
         "key": key,
+        "loader": loader,
         "kernel": kver,
         "packages": pkgs,
         "root_uuid": fs_uuid,
@@ -476,12 +601,12 @@ def recipe_text() -> str:
     return src[start : src.index("# ---- end of the image recipe", start)]
 
 
-def image_key(lab: Path) -> tuple[str, dict[str, str], str, str]:
+def image_key(lab: Path, loader: str = DEFAULT_LOADER) -> tuple[str, dict[str, str], str, str]:
     """(cache key, package versions, kernel version, root's public key) from apt's view now."""
-    pkgs = debpkg.resolve(PACKAGES + NESTED_PACKAGES)
+    pkgs = debpkg.resolve(PACKAGES + LOADER_PACKAGES[loader] + NESTED_PACKAGES)
     kver = next(n for n in pkgs if n.startswith("linux-image-"))[len("linux-image-") :]
     pubkey = (ensure_key(lab).with_suffix(".pub")).read_text()
-    h = hashlib.sha256()
+    h = hashlib.sha256(f"loader={loader}\n".encode())
     for n, v in sorted(pkgs.items()):
         h.update(f"{n}={v}\n".encode())
     h.update(recipe_text().encode())
@@ -490,15 +615,24 @@ def image_key(lab: Path) -> tuple[str, dict[str, str], str, str]:
     return h.hexdigest()[:16], pkgs, kver, pubkey
 
 
-def ensure_image(lab: Path, rebuild: bool = False) -> Path:
+def image_loader(image: Path) -> str | None:
+    """The boot loader of a finished image (images from before the loader was chosen: GRUB's);
+    None for an unfinished one."""
     try:
-        key, pkgs, kver, pubkey = image_key(lab)
+        return str(json.loads((image / "info.json").read_text()).get("loader", "grub"))
+    except (OSError, ValueError):
+        return None
+
+
+def ensure_image(lab: Path, rebuild: bool = False, loader: str = DEFAULT_LOADER) -> Path:
+    try:
+        key, pkgs, kver, pubkey = image_key(lab, loader)
     except debpkg.CommandError:
         if os.geteuid() != 0:
             raise
         say("apt-get update (apt knows none of the image's packages yet)")
         debpkg.sh(["apt-get", "update", "-q"], env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-        key, pkgs, kver, pubkey = image_key(lab)
+        key, pkgs, kver, pubkey = image_key(lab, loader)
     out = lab / "images" / key
     if (out / "info.json").exists() and not rebuild:
         say(f"image {key}: cached")
@@ -507,10 +641,10 @@ def ensure_image(lab: Path, rebuild: bool = False) -> Path:
         raise LabError("building the lab image needs root (debootstrap, chroot): run as root once")
     ensure_tools(BUILD_TOOLS)
     t = time.monotonic()
-    say(f"image {key}: building (kernel {kver})")
-    out = build_image(lab, key, pkgs, kver, pubkey)
+    say(f"image {key}: building ({loader}, kernel {kver})")
+    out = build_image(lab, key, pkgs, kver, pubkey, loader)
     say(f"image {key}: built in {time.monotonic() - t:.0f} s")
-    for old in (lab / "images").iterdir():  # images of older inputs: never booted again
-        if old != out:
+    for old in (lab / "images").iterdir():  # images of older inputs (this loader's): never booted again
+        if old != out and image_loader(old) in (None, loader):
             shutil.rmtree(old)
     return out

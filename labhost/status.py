@@ -10,18 +10,20 @@ from pathlib import Path
 from . import debpkg
 from .boot import qemu_pid, read_state, run_dir, ssh_argv
 from .common import LabError, default_port, inventory_overrides, overrides_option
-from .image import image_key
+from .image import DEFAULT_LOADER, image_key
 
 
 def status(lab: Path, as_json: bool) -> int:
     state = read_state(lab)
     pid = qemu_pid(lab)
+    loader = state.get("loader", DEFAULT_LOADER) if pid else DEFAULT_LOADER
     try:
-        key = image_key(lab)[0]
+        key = image_key(lab, loader)[0]
     except debpkg.CommandError as exc:
         key = f"unknown ({str(exc).splitlines()[0]})"
     out = {
         "running": pid is not None,
+        "loader": loader,
         "pid": pid,
         "ssh_port": state.get("port") if pid else None,
         "image_key": key,

@@ -1,0 +1,173 @@
+"""The lab's boot pieces that need no emulator (issue 16's lab side): QEMU's command line
+(the i6300esb watchdog, the ESP per boot loader, PCI addresses unchanged), the image's
+cache key per boot loader, GRUB's embedded config, systemd-boot's kernel arguments, fstab
+and first boot, and how run/watchdog.log tells the lab's resets from the guest's.
+
+The proofs on the booted lab host are tools/lab-boot-proof.sh (docs/development/lab.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from labhost import __main__ as cli
+from labhost import boot, debpkg, image
+
+UUID = "0b5c3a7e-1111-4222-8333-444455556666"
+
+
+def devices(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "-device"]
+
+
+def option(argv: list[str], name: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == name]
+
+
+@pytest.mark.parametrize("loader", image.LOADERS)
+def test_qemu_has_the_i6300esb_watchdog_resetting_and_keeps_every_pci_address(tmp_path: Path, loader: str) -> None:
+    argv = boot.qemu_argv(tmp_path / "lab", tmp_path / "img", 2622, loader)
+    devs = devices(argv)
+    assert "i6300esb,bus=pcie.0,addr=0x6" in devs
+    assert option(argv, "-action") == ["watchdog=reset"]
+    # What molecule/lab's tests and inventories/lab rely on, as before.
+    for dev in (
+        "pcie-root-port,id=rp1,bus=pcie.0,addr=0x1,chassis=1",
+        "pcie-root-port,id=rp2,bus=pcie.0,addr=0x2,chassis=2",
+        "pcie-root-port,id=rp3,bus=pcie.0,addr=0x3,chassis=3",
+        "virtio-blk-pci,drive=root,bus=pcie.0,addr=0x4,bootindex=1",
+        "virtio-blk-pci,drive=esp,bus=pcie.0,addr=0x5,bootindex=0",
+        "edu,bus=rp1",
+        "edu,bus=br1,addr=0x1",
+        "e1000,netdev=n0,mac=52:54:00:00:00:02,bus=br1,addr=0x2",
+    ):
+        assert dev in devs, dev
+    addrs = [d.split("addr=")[1].split(",")[0] for d in devs if "bus=pcie.0" in d]
+    assert len(addrs) == len(set(addrs)), addrs
+    # Two QMP monitors: commands (down, the lab's resets) and the events the watchdog logs.
+    qmps = option(argv, "-qmp")
+    assert any(q.startswith(f"unix:{tmp_path}/lab/run/qmp.sock,") for q in qmps)
+    assert any(q.startswith(f"unix:{tmp_path}/lab/run/{boot.QMP_EVENTS},") for q in qmps)
+
+
+def test_grubs_esp_stays_read_only_and_systemd_boots_is_a_writable_overlay(tmp_path: Path) -> None:
+    grub = option(boot.qemu_argv(tmp_path, tmp_path / "img", 2622, "grub"), "-drive")
+    sdboot = option(boot.qemu_argv(tmp_path, tmp_path / "img", 2622, "systemd-boot"), "-drive")
+    assert f"if=none,id=esp,format=raw,readonly=on,file={tmp_path}/img/esp.img" in grub
+    esp = next(d for d in sdboot if "id=esp" in d)
+    assert "readonly" not in esp and f"file={tmp_path}/run/esp.qcow2" in esp and "format=qcow2" in esp
+
+
+def test_the_cache_key_includes_the_loader_and_its_packages(monkeypatch, tmp_path: Path) -> None:
+    asked: list[list[str]] = []
+
+    def resolve(names):
+        asked.append(list(names))
+        return {("linux-image-6.1.0-99-amd64" if n == "linux-image-amd64" else n): "1.0" for n in names}
+
+    (tmp_path / "id_ed25519.pub").write_text("ssh-ed25519 AAAA test\n")
+    monkeypatch.setattr(image, "ensure_key", lambda lab: lab / "id_ed25519")
+    monkeypatch.setattr(debpkg, "resolve", resolve)
+    grub_key, grub_pkgs, _, _ = image.image_key(tmp_path, "grub")
+    sd_key, sd_pkgs, _, _ = image.image_key(tmp_path, "systemd-boot")
+    assert grub_key != sd_key
+    assert image.image_key(tmp_path)[0] == grub_key  # GRUB is the default
+    assert {"grub2-common", "grub-efi-amd64-bin"} <= grub_pkgs.keys()
+    assert not {"systemd-boot", "systemd-boot-efi"} & grub_pkgs.keys()
+    assert {"systemd-boot", "systemd-boot-efi"} <= sd_pkgs.keys()
+    assert not {"grub2-common", "grub-efi-amd64-bin"} & sd_pkgs.keys()
+    # Everything else is the same recipe.
+    assert grub_pkgs.keys() - set(image.LOADER_PACKAGES["grub"]) == sd_pkgs.keys() - set(
+        image.LOADER_PACKAGES["systemd-boot"]
+    )
+    for part in ("LOADER_PACKAGES", "EMBEDDED_GRUB_CFG", "def firstboot_script", "def make_gpt_esp", "def fstab"):
+        assert part in image.recipe_text(), part
+
+
+def test_an_image_of_another_loader_is_kept(tmp_path: Path) -> None:
+    for name, info in (("a", {"loader": "systemd-boot"}), ("b", {}), ("c", None)):
+        (tmp_path / name).mkdir()
+        if info is not None:
+            (tmp_path / name / "info.json").write_text(json.dumps(info))
+    assert image.image_loader(tmp_path / "a") == "systemd-boot"
+    assert image.image_loader(tmp_path / "b") == "grub"  # built before the loader was chosen
+    assert image.image_loader(tmp_path / "c") is None  # unfinished
+
+
+def test_the_embedded_grub_cfg_moves_prefix_to_the_root_disk_before_its_grub_cfg() -> None:
+    lines = [ln for ln in image.EMBEDDED_GRUB_CFG.format(fs_uuid=UUID).splitlines() if not ln.startswith("#")]
+    assert lines == [
+        f"search --no-floppy --fs-uuid --set=root {UUID}",
+        "set prefix=($root)/boot/grub",  # load_env/save_env (grub-reboot's next_entry) and insmod: the root disk
+        "configfile $prefix/grub.cfg",
+    ]
+
+
+def test_systemd_boots_kernel_arguments_are_grubs() -> None:
+    cmdline = image.kernel_cmdline(UUID)
+    assert cmdline == f"root=UUID={UUID} ro console=ttyS0 panic=-1 quiet intel_iommu=off\n"
+    assert image.GRUB_CMDLINE_LINUX in cmdline and image.GRUB_CMDLINE_LINUX_DEFAULT in cmdline
+
+
+def test_fstab_mounts_the_esp_only_for_systemd_boot() -> None:
+    assert image.fstab(UUID, "grub", "ABCD1234") == f"UUID={UUID} / ext4 errors=remount-ro 0 1\n"
+    lines = image.fstab(UUID, "systemd-boot", "ABCD1234").splitlines()
+    assert lines[1].split() == ["UUID=ABCD-1234", image.ESP_MOUNT, "vfat", "umask=0077", "0", "1"]
+
+
+def test_first_boot_sets_each_loader_up_and_says_ok_only_when_it_worked() -> None:
+    grub = image.firstboot_script("grub")
+    assert "update-grub && ok=1" in grub and "bootctl" not in grub
+    sd = image.firstboot_script("systemd-boot")
+    assert "update-grub" not in sd
+    order = [
+        f"mount {image.ESP_MOUNT}",
+        "bootctl install --make-machine-id-directory=auto",  # systemd-boot's postinst
+        'kernel-install add "${k#/boot/vmlinuz-}" "$k"',
+        f"printf 'timeout 0\\n' > {image.ESP_MOUNT}/loader/loader.conf",
+        f"umount {image.ESP_MOUNT}",
+    ]
+    at = [sd.index(step) for step in order]
+    assert at == sorted(at)
+    for script in (grub, sd):
+        assert script.index('[ -n "$ok" ] && echo "gpuprov-lab: firstboot ok"') < script.index("echo o >")
+
+
+def test_qmp_events_keep_events_and_the_unfinished_line() -> None:
+    buf = (
+        b'{"QMP": {"version": {}}}\n{"return": {}}\n'
+        b'{"timestamp": {"seconds": 1}, "event": "WATCHDOG", "data": {"action": "reset"}}\n'
+        b'{"event": "RESET", "data": {"guest": true}}\nnot json\n{"event": "STO'
+    )
+    events, rest = boot.qmp_events(buf)
+    assert [e["event"] for e in events] == ["WATCHDOG", "RESET"]
+    assert rest == b'{"event": "STO'
+
+
+def test_the_guests_watchdog_and_the_labs_are_told_apart_in_the_log() -> None:
+    line = boot.guest_watchdog_line({"event": "WATCHDOG", "data": {"action": "reset"}})
+    assert line is not None and line.startswith(boot.RESET_BY_GUEST) and line.endswith("reset")
+    assert boot.guest_watchdog_line({"event": "RESET", "data": {"guest": True}}) is None
+    assert boot.RESET_BY_LAB != boot.RESET_BY_GUEST
+    assert not line.startswith(boot.RESET_BY_LAB)
+
+
+def test_up_takes_the_loader(capsys) -> None:
+    assert cli.parser().parse_args(["up", "--loader", "systemd-boot"]).loader == "systemd-boot"
+    assert cli.parser().parse_args(["up"]).loader == "grub"
+    with pytest.raises(SystemExit) as exc:
+        cli.parser().parse_args(["up", "--loader", "lilo"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_entry_options_reads_kernel_installs_aligned_entry() -> None:
+    entry = (
+        "title      Debian GNU/Linux 12 (bookworm)\nversion    6.1.0-56-amd64\nsort-key   debian\n"
+        f"options    {image.kernel_cmdline(UUID).strip()} systemd.machine_id=ea47\n"
+        "linux      /ea47/6.1.0-56-amd64/linux\n"
+    )
+    assert image.entry_options(entry).startswith(image.kernel_cmdline(UUID).strip())
+    assert image.entry_options(entry).endswith("systemd.machine_id=ea47")
+    assert image.entry_options("title x\nlinux /vmlinuz\n") == ""
