@@ -5,7 +5,7 @@ A pure planner over :class:`gpuprov.facts.guest_toolkit.GuestToolkitFacts`
 
 - ``repository``: NVIDIA's repository and its signing key (apt: a binary keyring for
   ``signed-by`` and a deb822 source; dnf: a ``.repo`` file, and the key file when it came from
-  the controller), or nothing in offline mode;
+  the controller); the role leaves this part out in offline mode;
 - ``docker``: Docker when ``dockerd`` is nowhere, from the distribution (apt) or the offline
   directory; the RHEL family has no Docker in its repositories: refused there without one;
 - ``toolkit``: the toolkit's packages, those not installed (dpkg's status file, or rpm);
@@ -182,7 +182,7 @@ def plan_guest_toolkit(facts: GuestToolkitFacts, opts: GuestToolkitOptions) -> G
     _refuse_inputs(plan, opts, apt=apt, offline=offline, ext=ext, arch=arch, wants_docker=wants_docker)
     if plan.refused:
         return plan
-    if "repository" in opts.parts and not offline:
+    if "repository" in opts.parts:
         _repository(plan, facts, opts, apt=apt, arch=arch)
     installed = facts.packages or {}
     docker_install = list(opts.docker_packages) if wants_docker else []

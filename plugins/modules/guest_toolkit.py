@@ -70,8 +70,8 @@ options:
     type: path
     default: /etc/pki/rpm-gpg/nvidia-container-toolkit.asc
   offline_dir:
-    description: The offline directory on the controller (its path names it in messages); set, everything comes from
-      it and NVIDIA's repository is not configured.
+    description: The offline directory on the controller (its path names it in messages); set, Docker and the toolkit
+      come from it (leave C(repository) out of O(parts) then).
     type: str
     default: ""
   offline_files:
@@ -311,7 +311,12 @@ def _control(path: str) -> str:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "parts": {"type": "list", "elements": "str", "choices": list(PARTS), "default": list(PARTS)},
+            "parts": {
+                "type": "list",
+                "elements": "str",
+                "choices": ["repository", "docker", "toolkit", "runtime"],
+                "default": ["repository", "docker", "toolkit", "runtime"],
+            },
             "packages": {"type": "list", "elements": "str", "default": ["nvidia-container-toolkit"]},
             "repo_url": {"type": "str", "default": "https://nvidia.github.io/libnvidia-container/stable"},
             "gpg_key_url": {
@@ -349,7 +354,7 @@ def main() -> None:
     offline = bool(p["offline_dir"])
     names = sorted({os.path.basename(n) for n in p["offline_files"] if os.path.basename(n) not in ("", ".", "..")})
     family = read_os(sysfs).family
-    key = _key(module, family) if "repository" in parts and not offline and family else None
+    key = _key(module, family) if "repository" in parts and family else None
     dest = _rel(p["offline_dest"])
     keyring, rpm_key = _rel(p["keyring"]), _rel(p["rpm_key"])
     index_rel = f"{dest}/{OFFLINE_INDEX}"
