@@ -307,6 +307,17 @@ def test_a_restart_is_owed_from_state_not_from_a_notification(tmp_path: Path, ke
     assert plan.actions == [] and plan.restart_pending == ["docker"]
 
 
+def test_dockers_own_containerd_is_not_the_containerd_service(tmp_path: Path, key: KeyData) -> None:
+    fake = converged(tmp_path, key)
+    running(fake, 640, "containerd", 3600)
+    fake.write("proc/640/cmdline", "containerd\0--config\0/var/run/docker/containerd/containerd.toml\0")
+    facts, plan = plan_for(tmp_path, opts_for(key))
+    assert facts.engines["containerd"].started is None and plan.actions == []
+    fake.write("proc/640/cmdline", "/usr/bin/containerd\0")
+    facts, plan = plan_for(tmp_path, opts_for(key))
+    assert facts.engines["containerd"].config_newer_than_process and commands(plan) == ["systemctl restart containerd"]
+
+
 def test_a_configured_running_engine_is_restarted_after_nvidia_ctk(tmp_path: Path, key: KeyData) -> None:
     fake = converged(tmp_path, key)
     fake.write("etc/containerd/config.toml", CONTAINERD_PLAIN)
@@ -512,3 +523,98 @@ def test_module_offline_refusal_changes_nothing(tmp_path: Path, key: KeyData) ->
     )
     assert result["failed"] and "nvidia-container-toolkit is not in the offline directory files/debs" in result["msg"]
     assert tree_digest(tmp_path) == before
+
+
+# ---------------------------------------------------------------- the module's live path, simulated
+
+
+class FakeGuest:
+    """``apply`` standing in for the running guest: each command has its effect on the staged root."""
+
+    def __init__(self, root: Path, *, ctk_works: bool = True) -> None:
+        self.root, self.ctk_works, self.ran = root, ctk_works, []
+
+    def __call__(self, plan: Any, root: str = "/") -> Any:
+        from gpuprov.plan import base
+
+        sysfs_files = Path(root)
+        applied = base.Applied()
+        for action in plan.actions:
+            if action.kind == COMMAND:
+                argv = " ".join(action.argv)
+                self.ran.append(argv)
+                if "apt-get install" in argv:
+                    for name in action.argv[action.argv.index("--no-install-recommends") + 1 :]:
+                        status = sysfs_files / "var/lib/dpkg/status"
+                        status.write_text(status.read_text() + f"\nPackage: {name}\nStatus: install ok installed\n")
+                        bin_name = {"docker.io": "dockerd", "nvidia-container-toolkit": "nvidia-ctk"}[name]
+                        (sysfs_files / "usr/bin").mkdir(parents=True, exist_ok=True)
+                        (sysfs_files / "usr/bin" / bin_name).write_text("#!/bin/sh\n")
+                if "apt-get install" in argv and "docker.io" in argv:  # Debian's docker.io brings containerd (CRI on)
+                    (sysfs_files / "usr/bin/containerd").write_text("#!/bin/sh\n")
+                    (sysfs_files / "etc/containerd").mkdir(parents=True, exist_ok=True)
+                    (sysfs_files / "etc/containerd/config.toml").write_text(CONTAINERD_PLAIN)
+                if argv == "nvidia-ctk runtime configure --runtime=containerd" and self.ctk_works:
+                    (sysfs_files / "etc/containerd/config.toml").write_text(CONTAINERD_TOML)
+                if argv == "nvidia-ctk runtime configure --runtime=docker" and self.ctk_works:
+                    (sysfs_files / "etc/docker").mkdir(parents=True, exist_ok=True)
+                    (sysfs_files / "etc/docker/daemon.json").write_text(DAEMON_JSON)
+                if argv.startswith("nvidia-ctk cdi generate"):
+                    (sysfs_files / "etc/cdi").mkdir(parents=True, exist_ok=True)
+                    (sysfs_files / "etc/cdi/nvidia.yaml").write_text(cdi_spec(["0", "all"]))
+            else:
+                base.write_file_atomic(str(sysfs_files / (action.path or "")), action.content or "", action.mode)
+            applied.done.append(action.describe())
+        return applied
+
+
+@pytest.fixture
+def live(monkeypatch: pytest.MonkeyPatch) -> Callable[[FakeGuest], None]:
+    """The staged root taken as the running guest, its commands simulated (the module is loaded per run)."""
+    from gpuprov.facts import sysfs as sysfs_module
+    from gpuprov.plan import base
+
+    def use(fake: FakeGuest) -> None:
+        monkeypatch.setattr(sysfs_module.Sysfs, "live", property(lambda self: True))
+        monkeypatch.setattr(base, "apply", fake)
+
+    return use
+
+
+def test_module_installs_then_plans_the_runtime_part_on_what_the_packages_brought(
+    tmp_path: Path, key: KeyData, live: Callable[[FakeGuest], None]
+) -> None:
+    guest(tmp_path)
+    fake = FakeGuest(tmp_path)
+    live(fake)
+    result = run_in_process("guest_toolkit", module_args(tmp_path, key))
+    assert not result["failed"], result.get("msg")
+    assert fake.ran == [
+        "env DEBIAN_FRONTEND=noninteractive apt-get update",
+        "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io",
+        "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nvidia-container-toolkit",
+        # Planned again on the new state: dockerd, nvidia-ctk and the containerd Docker brought are there now.
+        "nvidia-ctk runtime configure --runtime=docker",
+        "nvidia-ctk runtime configure --runtime=containerd",
+        "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
+    ]
+    assert result["changed"] is True and result["installs"] == ["docker.io", "nvidia-container-toolkit"]
+    assert result["configure"] == ["docker", "containerd"] and len(result["plan"]) == 8
+    # The next run owes nothing.
+    fake.ran.clear()
+    again = run_in_process("guest_toolkit", module_args(tmp_path, key))
+    assert not again["failed"] and again["changed"] is False and fake.ran == []
+
+
+def test_module_fails_when_nvidia_ctk_did_not_fix_what_it_was_to(
+    tmp_path: Path, key: KeyData, live: Callable[[FakeGuest], None]
+) -> None:
+    fake_host = converged(tmp_path, key)
+    fake_host.write("etc/docker/daemon.json", "{}\n")
+    live(FakeGuest(tmp_path, ctk_works=False))
+    result = run_in_process("guest_toolkit", module_args(tmp_path, key))
+    assert result["failed"] and result["done"] == [
+        "run nvidia-ctk runtime configure --runtime=docker (Docker is here but has no NVIDIA runtime and CDI is off "
+        "(/etc/docker/daemon.json): containers cannot get the GPU)"
+    ]
+    assert result["msg"].startswith("after nvidia-ctk: docker-runtime: Docker is here but has no NVIDIA runtime")

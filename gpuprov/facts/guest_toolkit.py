@@ -39,6 +39,7 @@ OFFLINE_INDEX = "Packages"  # in the offline directory on the guest
 DOCKER_PIDFILES = ("run/docker.pid", "var/run/docker.pid")
 # The engines' processes, by /proc/<pid>/comm (containerd has no pid file by default).
 ENGINE_COMMS = {"docker": "dockerd", "containerd": "containerd"}
+DOCKERS_CONTAINERD = "/var/run/docker/containerd/"
 _PROC_SCAN_LIMIT = 4096  # processes looked at for an engine without a pid file
 
 
@@ -123,7 +124,14 @@ def _engine_pid(sysfs: Sysfs, name: str) -> str | None:
     if comm is None:
         return None
     pids = [p for p in sysfs.listdir("proc") if p.isdigit()][:_PROC_SCAN_LIMIT]
-    return next((p for p in pids if sysfs.read(f"proc/{p}/comm") == comm), None)
+    for pid in pids:
+        if sysfs.read(f"proc/{pid}/comm") != comm:
+            continue
+        # Docker's own containerd (started by dockerd, its config under /var/run/docker) is not the service.
+        if name == "containerd" and DOCKERS_CONTAINERD in (sysfs.read(f"proc/{pid}/cmdline") or ""):
+            continue
+        return pid
+    return None
 
 
 def read_engines(sysfs: Sysfs, docker: DockerConfig, containerd: ContainerdConfig) -> dict[str, Engine]:

@@ -435,6 +435,14 @@ def main() -> None:
         installs = result["installs"]
         result.update(_result(plan, root, None), installs=installs)
         result["plan"] = [a.describe() for a in first] + plan.describe()
+        if plan.refused:
+            why = "; ".join(r.describe() for r in plan.refusals)
+            module.fail_json(
+                msg=f"installed {', '.join(installs)}, then the runtime part was refused: {why}",
+                done=done,
+                refusals=[{"message": r.message, "fix": r.fix, "device": r.device} for r in plan.refusals],
+                **failed_result(result),
+            )
         warn_or_refuse(module, plan, result)
     _apply(module, plan, root, result, done, not_run)
     if sysfs.live and (plan.configure or plan.cdi or plan.restart):
