@@ -4,8 +4,8 @@ NVIDIA publishes its repository key ASCII-armored (``gpgkey``); apt wants a
 binary keyring for a ``.gpg`` ``signed-by`` file. :func:`dearmor` does what
 ``gpg --dearmor`` does, :func:`fingerprints` reads the primary keys'
 fingerprints (v4: SHA-1 over the key packet) so a play can pin the key it
-expects. Standard library only: the guest_container_toolkit role's module
-ships it to the target, which may have no gpg.
+expects. Standard library only: the modules apt_keyring and guest_toolkit
+ship it to the target, which may have no gpg.
 """
 
 from __future__ import annotations
