@@ -79,6 +79,7 @@ def test_there_are_modules() -> None:
         "gpu_vgpu",
         "gpu_vm",
         "guest_driver",
+        "guest_toolkit",
         "iommu_boot",
         "kernel_cmdline",
         "vfio_bind",

@@ -26,7 +26,7 @@ CONFIGURE_CONTAINERD = "nvidia-ctk runtime configure --runtime=containerd && sys
 GENERATE_CDI = "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
 
 
-def _which(sysfs: Sysfs, name: str) -> str | None:
+def find_binary(sysfs: Sysfs, name: str) -> str | None:
     for d in _BIN_DIRS:
         if sysfs.exists(f"{d}/{name}"):
             return f"/{d}/{name}"
@@ -63,7 +63,7 @@ class Toolkit:
 
 
 def read_docker_config(sysfs: Sysfs) -> DockerConfig:
-    installed = _which(sysfs, "dockerd") is not None or sysfs.exists("etc/docker")
+    installed = find_binary(sysfs, "dockerd") is not None or sysfs.exists("etc/docker")
     text = sysfs.read(DAEMON_JSON)
     if text is None:
         return DockerConfig(installed, None, None, None, None, False)
@@ -108,7 +108,7 @@ def read_containerd_config(sysfs: Sysfs) -> ContainerdConfig:
     whole = "\n".join(texts)
     disabled = _DISABLED.search(whole)
     return ContainerdConfig(
-        installed=_which(sysfs, "containerd") is not None or bool(files),
+        installed=find_binary(sysfs, "containerd") is not None or bool(files),
         files=files,
         cri_disabled=bool(disabled and re.search(r"[\"'](io\.containerd\.grpc\.v1\.)?cri[\"']", disabled.group(1))),
         nvidia_runtime=bool(_CONTAINERD_NVIDIA.search(whole)),
@@ -117,7 +117,7 @@ def read_containerd_config(sysfs: Sysfs) -> ContainerdConfig:
 
 
 def read_toolkit(sysfs: Sysfs) -> Toolkit:
-    return Toolkit(nvidia_ctk=_which(sysfs, "nvidia-ctk"), runtime=_which(sysfs, "nvidia-container-runtime"))
+    return Toolkit(nvidia_ctk=find_binary(sysfs, "nvidia-ctk"), runtime=find_binary(sysfs, "nvidia-container-runtime"))
 
 
 # ---------------------------------------------------------------- CDI

@@ -133,22 +133,29 @@ def read_libraries(sysfs: Sysfs) -> tuple[str | None, list[str], list[str]]:
     return live, files, sorted(versions)
 
 
-def read_dpkg_driver_packages(sysfs: Sysfs) -> tuple[bool, list[DriverPackage]]:
-    """(the status file was read, the driver packages dpkg has installed)."""
+def read_dpkg_installed(sysfs: Sysfs) -> dict[str, str] | None:
+    """Every package dpkg has installed, name -> version; None when the status file cannot be read."""
     text = sysfs.read(DPKG_STATUS)
     if text is None:
-        return False, []
-    found = []
+        return None
+    found: dict[str, str] = {}
     for stanza in text.split("\n\n"):
         fields: dict[str, str] = {}
         for line in stanza.splitlines():
             key, sep, value = line.partition(":")
             if sep and not line.startswith((" ", "\t")):
                 fields[key] = value.strip()
-        name = fields.get("Package", "")
-        if _DRIVER_PACKAGE.match(name) and fields.get("Status", "").endswith(" installed"):
-            found.append(DriverPackage(name=name, version=fields.get("Version", "")))
-    return True, found
+        if fields.get("Status", "").endswith(" installed") and fields.get("Package"):
+            found[fields["Package"]] = fields.get("Version", "")
+    return found
+
+
+def read_dpkg_driver_packages(sysfs: Sysfs) -> tuple[bool, list[DriverPackage]]:
+    """(the status file was read, the driver packages dpkg has installed)."""
+    installed = read_dpkg_installed(sysfs)
+    if installed is None:
+        return False, []
+    return True, [DriverPackage(name=n, version=v) for n, v in installed.items() if _DRIVER_PACKAGE.match(n)]
 
 
 def read_driver_install(sysfs: Sysfs) -> DriverInstall:

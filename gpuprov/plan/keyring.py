@@ -4,8 +4,8 @@ NVIDIA publishes its repository key ASCII-armored (``gpgkey``); apt wants a
 binary keyring for a ``.gpg`` ``signed-by`` file. :func:`dearmor` does what
 ``gpg --dearmor`` does, :func:`fingerprints` reads the primary keys'
 fingerprints (v4: SHA-1 over the key packet) so a play can pin the key it
-expects. Standard library only: the guest_container_toolkit role's module
-ships it to the target, which may have no gpg.
+expects. Standard library only: the modules apt_keyring and guest_toolkit
+ship it to the target, which may have no gpg.
 """
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ TAG_PUBLIC_SUBKEY = 14
 
 
 class KeyDataError(ValueError):
-    """The data is not an OpenPGP public key; the message says what it is instead."""
+    """The data is not an OpenPGP public key (the message says what it is instead), or not the pinned one
+    (``found``: the fingerprints it has)."""
+
+    def __init__(self, message: str, found: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.found = found or []
 
 
 def _crc24(data: bytes) -> int:
@@ -131,6 +136,33 @@ def fingerprints(binary: bytes) -> list[str]:
 
 def normalize_fingerprint(text: str) -> str:
     return "".join(text.split()).upper().removeprefix("0X")
+
+
+def fetch_failed(url: str, why: str) -> str:
+    """The refusal when the key cannot be fetched (the guest has no route to it, say)."""
+    return (
+        f"could not fetch the key from {url}: {why}, nothing changed; "
+        "check the guest reaches it, or give the key as a file on the controller"
+    )
+
+
+def load_key(raw: bytes, source: str, fingerprint: str) -> tuple[bytes, list[str]]:
+    """(binary keyring, its primary fingerprints) from armored or binary ``raw``; raises
+    :class:`KeyDataError` with the whole refusal (naming ``source``) when it is not a key or
+    its fingerprint is not the pinned ``fingerprint`` (empty: no pin)."""
+    try:
+        binary = dearmor(raw)
+        found = fingerprints(binary)
+    except KeyDataError as exc:
+        raise KeyDataError(f"the key from {source} is not an OpenPGP public key: {exc}, nothing changed") from None
+    want = normalize_fingerprint(fingerprint)
+    if want and want not in found:
+        raise KeyDataError(
+            f"the key from {source} has fingerprint {', '.join(found)}, not the expected {want}, nothing changed: "
+            "the repository's key changed or the download was tampered with; check the publisher's announcement",
+            found,
+        )
+    return binary, found
 
 
 def plan_keyring(

@@ -109,9 +109,8 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs im
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.keyring import (
     KeyDataError,
-    dearmor,
-    fingerprints,
-    normalize_fingerprint,
+    fetch_failed,
+    load_key,
     plan_keyring,
 )
 
@@ -136,11 +135,7 @@ def main() -> None:
         response, info = fetch_url(module, p["url"], method="GET")
         status = info.get("status")
         if response is None or (isinstance(status, int) and status >= 400):
-            module.fail_json(
-                msg=f"could not fetch the key from {p['url']}: {info.get('msg', 'no answer')}, nothing changed; "
-                "check the guest reaches it, or give the key as a file on the controller",
-                dest=p["dest"],
-            )
+            module.fail_json(msg=fetch_failed(p["url"], info.get("msg", "no answer")), dest=p["dest"])
         raw = response.read()
     else:
         try:
@@ -152,20 +147,9 @@ def main() -> None:
     except ValueError:
         module.fail_json(msg=f"mode {p['mode']!r} is not an octal file mode such as 0644, nothing changed")
     try:
-        binary = dearmor(raw)
-        found = fingerprints(binary)
+        binary, found = load_key(raw, source, p["fingerprint"])
     except KeyDataError as exc:
-        module.fail_json(
-            msg=f"the key from {source} is not an OpenPGP public key: {exc}, nothing changed", dest=p["dest"]
-        )
-    want = normalize_fingerprint(p["fingerprint"])
-    if want and want not in found:
-        module.fail_json(
-            msg=f"the key from {source} has fingerprint {', '.join(found)}, not the expected {want}, nothing changed: "
-            "the repository's key changed or the download was tampered with; check the publisher's announcement",
-            fingerprints=found,
-            dest=p["dest"],
-        )
+        module.fail_json(msg=str(exc), fingerprints=exc.found, dest=p["dest"])
     dest = os.path.abspath(p["dest"]).lstrip("/")
     current, current_mode = file_state(Sysfs(p["root"]), dest)
     plan = plan_keyring(dest, binary, found, mode, current, current_mode)

@@ -23,6 +23,7 @@ KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit.gpg"
 SOURCE = "/etc/apt/sources.list.d/nvidia-container-toolkit.sources"
 OFFLINE = "/var/lib/gpuprov/offline-packages"
 MIRROR = "/srv/mirror"
+STAND_IN = "/usr/local/bin/nvidia-ctk"  # outside UNTOUCHED: the check-mode test puts it there and removes it
 EPHEMERAL = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"))
 GNUPG = EPHEMERAL / "gnupg"
 # What a refusal must leave alone: the configuration, the package database, the binaries.
@@ -143,8 +144,8 @@ def test_without_the_toolkit_in_the_offline_directory_main_refuses_and_changes_n
     run = converge({"gpuprov_molecule_entry_points": ["main"]})
     assert run.failures > 0
     (msg,) = run.failed_msgs
-    assert msg.startswith("nvidia-container-toolkit is not in the offline directory "), msg
-    assert "nothing changed: nvidia-container-toolkit is on no distribution's repository, only on NVIDIA's" in msg
+    assert msg.startswith("refused, nothing changed: nvidia-container-toolkit is not in the offline directory "), msg
+    assert "nvidia-container-toolkit is on no distribution's repository, only on NVIDIA's; fix: download" in msg
     assert (
         "download nvidia-container-toolkit, nvidia-container-toolkit-base, libnvidia-container-tools and "
         "libnvidia-container1 (deb, for amd64) from https://nvidia.github.io/libnvidia-container/stable/deb/amd64/"
@@ -152,18 +153,23 @@ def test_without_the_toolkit_in_the_offline_directory_main_refuses_and_changes_n
     assert digests(digest) == before
 
 
-def test_the_runtime_step_follows_gpuprov_verifys_checks_in_check_mode(converge, digest, debian_only):
+def test_the_runtime_step_follows_gpuprov_verifys_checks_in_check_mode(host, converge, digest, debian_only):
     """Docker (no daemon.json) and Debian's containerd (CRI on) fail / warn in gpuprov verify: both are
-    to be configured; check mode says what it would run and changes nothing. (No CDI: no driver here.)"""
+    to be configured; check mode says what it would run and changes nothing. (No CDI: no driver here.)
+    nvidia-ctk is not installable here: a stand-in on PATH is enough for the plan (it is never run)."""
     before = digests(digest)
-    run = converge({"gpuprov_molecule_entry_points": ["runtime"], "guest_container_toolkit_cdi": False}, check=True)
+    host.run_expect([0], "printf '#!/bin/sh\\nexit 1\\n' > %s && chmod 755 %s", STAND_IN, STAND_IN)
+    try:
+        run = converge({"gpuprov_molecule_entry_points": ["runtime"], "guest_container_toolkit_cdi": False}, check=True)
+    finally:
+        host.run("rm -f %s", STAND_IN)
     assert run.failures == 0, run.output
-    assert run.changed == 1
-    assert run.changed_tasks == ["gpuprov.kvm.guest_container_toolkit : Say what check mode would run"]
+    assert run.changed_tasks == ["gpuprov.kvm.guest_container_toolkit : Apply what the guest's state owes"]
     assert (
-        "would run: nvidia-ctk runtime configure --runtime=docker; nvidia-ctk runtime configure --runtime=containerd"
-        in (run.output)
+        "would run nvidia-ctk runtime configure --runtime=docker (Docker is here but has no NVIDIA runtime"
+        in run.output
     )
+    assert "would run nvidia-ctk runtime configure --runtime=containerd (containerd's CRI" in run.output
     assert digests(digest) == before
 
 
@@ -172,7 +178,12 @@ def test_the_runtime_step_without_nvidia_ctk_fails_naming_the_fix(converge, dige
     run = converge({"gpuprov_molecule_entry_points": ["runtime"]})
     assert run.failures > 0
     (msg,) = run.failed_msgs
-    assert msg.startswith("nvidia-ctk is not on this guest although nvidia-container-toolkit should be installed"), msg
+    assert msg.startswith(
+        "refused, nothing changed: nvidia-ctk is not on this guest although nvidia-container-toolkit should be "
+        "installed; fix: check that the package provides /usr/bin/nvidia-ctk"
+    ), msg
+    # The CDI spec is owed too (Docker is here), and the driver is not loaded: said in the same refusal.
+    assert "but the NVIDIA driver is not loaded, so nvidia-ctk cannot list the GPUs" in msg
     assert digests(digest) == before
 
 
