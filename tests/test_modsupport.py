@@ -28,9 +28,10 @@ def test_diff_has_an_entry_per_action_runtime_ones_named_with_their_value() -> N
         ]
     )
     sysfs_entry, command, file_entry = plan.diff("/srv/root/")
+    header = "/srv/root/sys/bus/pci/devices/0000:01:00.0/driver_override (sysfs write, now)"
     assert sysfs_entry == {
-        "before_header": "/srv/root/sys/bus/pci/devices/0000:01:00.0/driver_override (sysfs write, now)",
-        "after_header": "/srv/root/sys/bus/pci/devices/0000:01:00.0/driver_override (sysfs write, now): give it to vfio-pci",
+        "before_header": header,
+        "after_header": f"{header}: give it to vfio-pci",
         "before": "",
         "after": "vfio-pci\n",
     }
