@@ -82,8 +82,8 @@ options:
   install_mdevctl:
     description:
       - Where an C(mdev) entry is declared and mdevctl is missing (neither its binary nor the package manager's
-        status shows it), install it first (C(apt-get install mdevctl), C(dnf install mdevctl)): a command of the
-        plan, run before the rest, which is then planned again. Installed, nothing runs (no package module call).
+        status shows it), install it first (C(apt-get install mdevctl), C(dnf install mdevctl)), a command of the
+        plan run before the rest, which is then planned again. Installed, nothing runs (no package module call).
     type: bool
     default: false
   runner_sha256:
