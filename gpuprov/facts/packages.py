@@ -49,7 +49,7 @@ def rpm_installed(names: list[str], run: Runner) -> dict[str, str] | None:
         return None
     found: dict[str, str] = {}
     for line in out.splitlines():
-        name, _, version = line.partition(" ")
+        name, _sep, version = line.partition(" ")
         if name in names:  # "package X is not installed" lines name no package of ours first
             found[name] = version.strip()
     return found
