@@ -140,9 +140,16 @@ def test_services_from_one_systemctl_show(tmp_path: Path) -> None:
     out = (
         "Id=libvirtd.service\nActiveState=active\nUnitFileState=enabled\n\n"
         "Id=virtlogd.socket\nActiveState=inactive\nUnitFileState=enabled\n\n"
-        "Id=virtqemud.socket\nActiveState=active\nUnitFileState=disabled\n"
+        "Id=virtqemud.socket\nActiveState=active\nUnitFileState=disabled\n\n"
+        "Id=virtnodedevd.socket\nActiveState=activating\nUnitFileState=static\n"
     )
     units = ["libvirtd.service", "virtlogd.socket", "virtqemud.socket", "absent.socket"]
+    assert (
+        read_services(Sysfs(str(tmp_path)), ["virtnodedevd.socket"], lambda argv: out).not_running(
+            ["virtnodedevd.socket"]
+        )
+        == []
+    )
     services = read_services(Sysfs(str(tmp_path)), units, lambda argv: out)
     assert services.systemd and services.not_running(units) == units[1:]
     # A staged root: systemd is not asked, so nothing is known to run.

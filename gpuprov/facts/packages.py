@@ -102,7 +102,13 @@ class Services:
         """Of ``units``, those not known to be active and enabled."""
         if self.states is None:
             return list(units)
-        return [u for u in units if self.states.get(u, ("", ""))[0] != "active" or not _enabled(self.states[u][1])]
+        return [u for u in units if not _running(self.states.get(u, ("", "")))]
+
+
+def _running(state: tuple[str, str]) -> bool:
+    # As Ansible's systemd module counts "started": active or on its way.
+    active, unit_file = state
+    return active in ("active", "activating", "reloading") and _enabled(unit_file)
 
 
 def _enabled(state: str) -> bool:
