@@ -44,7 +44,8 @@ import fleet  # noqa: E402  (bench/fleet.py: its plays, parsers and arithmetic, 
 
 INVENTORY = REPO / "inventories" / "lab"
 PLAYBOOK = REPO / "playbooks" / "gpu-passthrough.yml"
-FACTS_PLAY = [{"name": "facts only", "hosts": "gpu_hosts", "gather_facts": True, "tasks": []}]
+# become as the playbook's plays: the same connection and privilege escalation.
+FACTS_PLAY = [{"name": "facts only", "hosts": "gpu_hosts", "become": True, "gather_facts": True, "tasks": []}]
 # The recap's skipped counter (bench/fleet.py's RECAP_RE reads ok/changed/unreachable/failed).
 SKIPPED_RE = re.compile(r"^\S+\s+:\s+ok=\d+.*?\bskipped=(\d+)", re.M)
 # A task that takes this long ran something on the host (a skipped or controller task: milliseconds).
@@ -171,14 +172,17 @@ def ansible(playbook: Path, extra: dict[str, Any], env: dict[str, str]) -> tuple
     return fleet.PlayRun(seconds, recap, fleet.task_profile(proc.stdout)), skipped(proc.stdout)
 
 
-def timed(playbook: Path, runs: int, extra: dict[str, Any], env: dict[str, str], label: str) -> tuple[Timed, int]:
+def timed(
+    playbook: Path, runs: int, extra: dict[str, Any], env: dict[str, str], label: str, *, noop: bool = False
+) -> tuple[Timed, int]:
+    """``runs`` timed runs of ``playbook``; with ``noop``, a run that changed anything stops the bench (exit 1)."""
     seconds: list[float] = []
     last, skips = None, 0
     for i in range(runs):
         print(f"{label} {i + 1}/{runs} ...", file=sys.stderr)
         last, skips = ansible(playbook, extra, env)
         seconds.append(last.seconds)
-        if label == "no-op":
+        if noop:
             problem = fleet.not_a_noop(last, last.recap["hosts"])
             if problem:
                 print(problem)
@@ -246,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             print("converging the lab once (not measured) ...", file=sys.stderr)
             ansible(PLAYBOOK, extra, env)
         facts, _ = timed(facts_pb, a.facts_runs, extra, env, "facts-only")
-        noop, noop_skipped = timed(PLAYBOOK, a.noop_runs, extra, env, "no-op")
+        noop, noop_skipped = timed(PLAYBOOK, a.noop_runs, extra, env, "no-op", noop=True)
         points = fleet_run(a.fleet_hosts, a.forks, work / "fleet", env) if a.fleet_hosts > 1 else []
     load = os.getloadavg()[0]
     print(

@@ -107,7 +107,7 @@ def test_a_no_op_run_that_changed_something_stops_the_bench(monkeypatch, capsys)
     changed = "lab-gpu-host : ok=14 changed=2 unreachable=0 failed=0 skipped=9\n"
     monkeypatch.setattr(bench, "ansible", lambda *a: (run(20.0, changed), 9))
     with pytest.raises(SystemExit) as exc:
-        bench.timed(Path("x.yml"), 1, {}, {}, "no-op")
+        bench.timed(Path("x.yml"), 1, {}, {}, "no-op", noop=True)
     assert exc.value.code == 1 and "NOT A NO-OP" in capsys.readouterr().out
     facts, _ = bench.timed(Path("x.yml"), 2, {}, {}, "facts-only")  # facts runs may report anything
     assert facts.seconds == [20.0, 20.0]
