@@ -102,3 +102,17 @@ def test_the_module_in_check_mode_changes_nothing_and_says_would(tmp_path: Path)
     assert tree_digest(tmp_path) == before
     real = run_in_process("gpu_vm_host", {"root": str(tmp_path)})
     assert real["changed"] is False and real["not_run"] == [line.removeprefix("would ") for line in result["plan"]]
+
+
+def test_console_checks_run_only_where_asked_and_the_lab_asks() -> None:
+    import yaml
+
+    from tests.conftest import REPO
+
+    defaults = yaml.safe_load((REPO / "roles/gpu_vms/defaults/main.yml").read_text())
+    lab = yaml.safe_load((REPO / "inventories/lab/host_vars/lab-gpu-host.yml").read_text())
+    assert defaults["gpu_vms_check_consoles"] is False and lab["gpu_vms_check_consoles"] is True
+    include = next(
+        t for t in yaml.safe_load((REPO / "roles/gpu_vms/tasks/main.yml").read_text()) if "console.yml" in str(t)
+    )
+    assert "gpu_vms_check_consoles | bool" in include["when"]
