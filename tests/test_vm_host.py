@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from gpuprov.facts.driver_install import GuestOs
 from gpuprov.facts.packages import Packages, Services
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.plan.vm_host import PACKAGES, PYTHON_PACKAGES, VmHostFacts, plan_vm_host, read_vm_host
-from tests.conftest import tree_digest
+from tests.conftest import REPO, tree_digest
 from tests.modrun import run_in_process
 
 DEBIAN = GuestOs(id="debian", family="debian", version_id="12", codename="bookworm", kernel=None)
@@ -105,10 +107,6 @@ def test_the_module_in_check_mode_changes_nothing_and_says_would(tmp_path: Path)
 
 
 def test_console_checks_run_only_where_asked_and_the_lab_asks() -> None:
-    import yaml
-
-    from tests.conftest import REPO
-
     defaults = yaml.safe_load((REPO / "roles/gpu_vms/defaults/main.yml").read_text())
     lab = yaml.safe_load((REPO / "inventories/lab/host_vars/lab-gpu-host.yml").read_text())
     assert defaults["gpu_vms_check_consoles"] is False and lab["gpu_vms_check_consoles"] is True
