@@ -264,6 +264,9 @@ def test_absent_undefines_and_removes_what_it_made(libvirt_python, storage, tmp_
         "would destroy domain vm1 (state absent: power off)",
         "would undefine domain vm1 (state absent)",
     ]
+    # --diff shows the runtime steps as Ansible renders them, not only with -v.
+    assert "+++ after: libvirt domain vm1 (now): state absent: power off\n" in dry["stdout"]
+    assert "\n+destroy domain vm1\n" in dry["stdout"] and "\n+undefine domain vm1\n" in dry["stdout"]
     assert os.path.exists(f"{storage['dir']}/vm1.qcow2")
     gone = run_module(libvirt_python, "gpu_vm", spec)
     assert gone["changed"] and not glob.glob(f"{storage['dir']}/vm1*")
