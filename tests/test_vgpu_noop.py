@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from gpuprov.apply import vgpu as apply_vgpu
 from gpuprov.facts.packages import Packages, dpkg_installed, read_packages, read_services
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.base import COMMAND
+from gpuprov.plan.base import COMMAND, Action, Applied
 from gpuprov.plan.vgpu import VgpuPlan, VgpuRequest, plan_host
 from tests import vgpuhosts as vh
 from tests.modrun import run_in_process
@@ -155,3 +156,31 @@ def test_services_from_one_systemctl_show(tmp_path: Path) -> None:
     # A staged root: systemd is not asked, so nothing is known to run.
     assert read_services(Sysfs(str(tmp_path)), units).not_running(units) == units
     assert not read_services(Sysfs(str(tmp_path / "none")), units).systemd
+
+
+def test_on_the_live_root_mdevctl_is_installed_then_the_host_planned_again(monkeypatch) -> None:
+    """What the module does before applying: run the install alone, then plan again (mdevctl's udev
+    rule can only be checked once it is there); the new plan is the one applied."""
+    install = Action(COMMAND, "mdevs persist as its definitions", argv=["apt-get", "install", "-y", "mdevctl"])
+    first_plan = VgpuPlan(actions=[install], install=install)
+    replanned = VgpuPlan()
+    ran: list[list[str]] = []
+
+    class Live:
+        def __init__(self, root: str) -> None:
+            self.live = True
+
+    def fake_apply(plan, root):
+        ran.append([a.describe() for a in plan.actions])
+        return Applied(done=[a.describe() for a in plan.actions])
+
+    monkeypatch.setattr(apply_vgpu, "Sysfs", Live)
+    monkeypatch.setattr(apply_vgpu, "apply", fake_apply)
+    monkeypatch.setattr(apply_vgpu, "plan_host", lambda sysfs, request, run=None: replanned)
+    request = VgpuRequest(gpus=MTTY_LAYOUT, install_mdevctl=True)
+    plan, first = apply_vgpu.first_pass("/", request, first_plan)
+    assert plan is replanned and ran == [[install.describe()]]
+    assert first is not None and first.done == [install.describe()]
+    # Check mode runs nothing.
+    ran.clear()
+    assert apply_vgpu.first_pass("/", request, first_plan, check=True) == (first_plan, None) and ran == []
