@@ -30,15 +30,28 @@ def warn_or_refuse(module: Any, plan: Any, result: dict[str, Any]) -> None:
         )
 
 
+def planned(lines: list[str], check_mode: bool) -> list[str]:
+    """A plan's lines as the result shows them: in check mode nothing ran, so each says what
+    would ("would create /etc/x (...)", "would run update-grub (...)")."""
+    return [f"would {line}" for line in lines] if check_mode else lines
+
+
 def finish(module: Any, plan: Plan, root: str, **extra: Any) -> None:
     """Exit the module: refuse, report (check mode) or apply ``plan``.
 
     ``module`` is an ``AnsibleModule``. Results carry ``plan`` (every action
     as text), ``not_run`` (live-only actions not run because ``root`` is not
     ``/``; not "skipped", which Ansible reads as the task's own status),
-    ``warnings`` and the file diff when ``--diff`` is on.
+    ``warnings`` and, with ``--diff``, every action's diff (runtime ones
+    too: :meth:`Plan.diff`). In check mode ``plan`` says "would ..." (:func:`planned`).
     """
-    result: dict[str, Any] = {"changed": False, "plan": plan.describe(), "not_run": [], "root": root, **extra}
+    result: dict[str, Any] = {
+        "changed": False,
+        "plan": planned(plan.describe(), module.check_mode),
+        "not_run": [],
+        "root": root,
+        **extra,
+    }
     warn_or_refuse(module, plan, result)
     if module._diff:
         result["diff"] = plan.diff(root)

@@ -23,7 +23,7 @@ from .facts.libvirt import (
 )
 from .facts.sysfs import Sysfs
 from .facts.vm_storage import StorageState, read_storage
-from .modsupport import failed_result, warn_or_refuse
+from .modsupport import failed_result, planned, warn_or_refuse
 from .plan.base import ApplyError, Plan, apply
 from .plan.seed import ISO_TOOLS
 from .plan.vm import VmOptions, VmPlan, plan_vm, vm_paths
@@ -119,7 +119,7 @@ def finish_vm(
     """
     result: dict[str, Any] = {
         "changed": False,
-        "plan": plan.describe(),
+        "plan": planned(plan.describe(), module.check_mode),
         "not_run": [],
         "root": root,
         "name": plan.name,
@@ -134,7 +134,7 @@ def finish_vm(
     if module._diff:
         diffs = plan.diff(root)
         domain = plan.domain_diff()
-        result["diff"] = [*diffs, domain] if domain else diffs
+        result["diff"] = [domain, *diffs] if domain else diffs
     live = Sysfs(root).live
     if module.check_mode:
         steps = plan.actions + plan.sysfs + plan.cleanup

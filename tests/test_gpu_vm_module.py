@@ -129,7 +129,7 @@ def test_check_mode_then_define_then_idempotent_then_a_change(libvirt_python, st
     )
     assert not dry["failed"], dry.get("msg")
     assert dry["changed"] is True and not os.path.exists(storage["dir"])
-    assert "define domain vm1 (new)" in dry["plan"]
+    assert "would define domain vm1 (new)" in dry["plan"]
     assert "+++ after: libvirt domain vm1" in dry["stdout"] and "multifunction" in dry["stdout"]
     assert f"+++ after: {root}{storage['dir']}/vm1-seed/user-data" in dry["stdout"]
     assert dry["placement"]["pci_slots"] == [["0000:01:00.0", "0000:01:00.1"]]
@@ -261,9 +261,12 @@ def test_absent_undefines_and_removes_what_it_made(libvirt_python, storage, tmp_
     spec = {"vm": vm(storage), "state": "absent", "remove_storage": True, **args(storage, uri, root)}
     dry = run_module(libvirt_python, "gpu_vm", spec, check=True)
     assert dry["changed"] and dry["plan"][:2] == [
-        "destroy domain vm1 (state absent: power off)",
-        "undefine domain vm1 (state absent)",
+        "would destroy domain vm1 (state absent: power off)",
+        "would undefine domain vm1 (state absent)",
     ]
+    # --diff shows the runtime steps as Ansible renders them, not only with -v.
+    assert "+++ after: libvirt domain vm1 (now): state absent: power off\n" in dry["stdout"]
+    assert "\n+destroy domain vm1\n" in dry["stdout"] and "\n+undefine domain vm1\n" in dry["stdout"]
     assert os.path.exists(f"{storage['dir']}/vm1.qcow2")
     gone = run_module(libvirt_python, "gpu_vm", spec)
     assert gone["changed"] and not glob.glob(f"{storage['dir']}/vm1*")

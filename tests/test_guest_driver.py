@@ -269,7 +269,7 @@ def test_module_check_mode_plans_an_install_and_refuses_with_the_fix(tmp_path: P
     assert not result["failed"] and result["changed"] is True and result["verdict"] == "missing"
     assert any("ubuntu-drivers install --gpgpu" in line for line in result["plan"])
     # The restricted component is added to the distribution's apt entries first.
-    assert result["plan"][0].startswith("update /etc/apt/sources.list")
+    assert result["plan"][0].startswith("would update /etc/apt/sources.list")
     assert (tmp_path / "etc/apt/sources.list").read_text().count("restricted") == 0  # check mode: untouched
     fake = FakeHost(tmp_path, iommu=False)
     loaded(fake, "535.183.01")

@@ -20,6 +20,7 @@ import yaml
 from gpuprov.facts.host import gather
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.model.resolve import resolve
+from gpuprov.plan import vm_host
 from gpuprov.rules.vm_input import parse_vm
 from labhost import common, debpkg, image
 from tests.fakehost import FakeHost
@@ -185,8 +186,7 @@ def test_the_nested_guest_boots_what_the_image_carries(tmp_path: Path) -> None:
 
 
 def test_the_image_has_every_package_role_gpu_vms_installs_on_debian() -> None:
-    role_vars = yaml.safe_load((REPO / "roles/gpu_vms/vars/main.yml").read_text())
-    wanted = role_vars["__gpu_vms_packages"]["Debian"] + role_vars["__gpu_vms_python_packages"]["Debian"]
+    wanted = vm_host.PACKAGES["debian"] + vm_host.PYTHON_PACKAGES["debian"]
     assert set(wanted) <= set(image.PACKAGES), set(wanted) - set(image.PACKAGES)
     assert "mdevctl" in image.PACKAGES  # vgpu_host persists mdevs with it
     assert "python3-apt" in image.PACKAGES  # Ansible's apt module, offline

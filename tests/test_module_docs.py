@@ -78,6 +78,7 @@ def test_there_are_modules() -> None:
         "gpu_verify",
         "gpu_vgpu",
         "gpu_vm",
+        "gpu_vm_host",
         "guest_driver",
         "guest_toolkit",
         "iommu_boot",

@@ -13,7 +13,8 @@ The repository is the one source. This script copies (never links: links trip
 - ``roles/vgpu_host/files/gpuprov-vgpu.pyz``: a zipapp of that module_utils package whose
   ``__main__`` runs the vGPU boot entry point (gpuprov.apply.vgpu); the role installs it as
   ``/usr/lib/gpuprov/gpuprov-vgpu.pyz`` for ``gpuprov-vgpu.service``. Deterministic: sorted
-  entries, fixed timestamps and modes, so an unchanged checkout builds the same bytes.
+  entries, fixed timestamps and modes, so an unchanged checkout builds the same bytes; its
+  sha256 beside it (``.sha256``), which the role compares with the installed one's.
 
 That tree is also the developers' collection (``ansible.cfg``: ``collections_path =
 ./build/collections``). A run whose inputs hash as the last one's changes nothing,
@@ -66,6 +67,7 @@ TREES = {
 FILES = {"README.md": "README.md", "LICENSE": "LICENSE"}
 # The boot unit's runner, built from the module_utils package (docs/collection.md).
 BOOT_PYZ = "roles/vgpu_host/files/gpuprov-vgpu.pyz"
+BOOT_PYZ_SHA256 = BOOT_PYZ + ".sha256"
 BOOT_MAIN = '''"""gpuprov-vgpu.pyz: re-apply the saved vGPU layout at boot (gpuprov-vgpu.service runs it)."""
 
 from gpuprov.apply.vgpu import main
@@ -249,7 +251,11 @@ def assemble() -> bool:
             shutil.copy2(src, target)
         (staging / "galaxy.yml").write_text(galaxy)
         (staging / BOOT_PYZ).parent.mkdir(parents=True, exist_ok=True)
-        (staging / BOOT_PYZ).write_bytes(boot_pyz(copies))
+        pyz = boot_pyz(copies)
+        (staging / BOOT_PYZ).write_bytes(pyz)
+        # The role compares it with the installed runner's (module gpu_vgpu's runner_sha256) and
+        # copies the zipapp only when they differ: no copy module run on a converged host.
+        (staging / BOOT_PYZ_SHA256).write_text(hashlib.sha256(pyz).hexdigest() + "\n")
         if TREE.exists():
             old = TREE.with_name(f".{NAME}.old")
             shutil.rmtree(old, ignore_errors=True)

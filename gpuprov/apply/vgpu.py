@@ -16,7 +16,7 @@ import time
 from ..facts.mig import Runner
 from ..facts.sysfs import Sysfs
 from ..facts.vgpu_inputs import STATE_FILE
-from ..plan.base import Applied, apply
+from ..plan.base import Applied, Plan, apply
 from ..plan.vgpu.config import VgpuPlan, VgpuRequest
 from ..plan.vgpu.plan import plan_host
 
@@ -50,11 +50,21 @@ def enable_then_replan(
 def first_pass(
     root: str, request: VgpuRequest, plan: VgpuPlan, run: Runner | None = None, *, check: bool = False
 ) -> tuple[VgpuPlan, Applied | None]:
-    """Where ``plan`` enables VFs on the live root (and this is no check), enable them and plan again.
+    """On the live root (and no check): where ``plan`` installs a tool (mdevctl), install it and plan
+    again (its udev rule is then checked too); where it enables VFs, enable them and plan again.
     Returns (the plan to apply, the first pass's applied steps or None). Raises ApplyError."""
-    if plan.second_pass and not plan.refused and Sysfs(root).live and not check:
-        return enable_then_replan(root, request, plan, run)
-    return plan, None
+    if plan.refused or check or not Sysfs(root).live:
+        return plan, None
+    first = None
+    if plan.install is not None:
+        first = apply(Plan(actions=[plan.install]), root)
+        plan = plan_host(Sysfs(root), request, run)
+    if plan.second_pass and not plan.refused:
+        plan, enabled = enable_then_replan(root, request, plan, run)
+        if first is not None:
+            enabled.done[:0] = first.done
+        first = enabled
+    return plan, first
 
 
 def converge(root: str, request: VgpuRequest, run: Runner | None = None) -> tuple[VgpuPlan, Applied, Applied | None]:

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from .driver import DriverInfo, read_driver
+from .packages import dpkg_installed
 from .pci import read_pci_devices
 from .sysfs import Sysfs
 
@@ -29,7 +30,6 @@ _LIB = re.compile(r"^(libnvidia-ml|libcuda)\.so\.(\d+\.\d+(?:\.\d+)?)$")
 # The soname link the loader uses: which of several versions is live.
 _SONAME = "libnvidia-ml.so.1"
 
-DPKG_STATUS = "var/lib/dpkg/status"
 # The packages that carry the driver on Debian and Ubuntu (nvidia-driver-580-server-open,
 # libnvidia-compute-580-server, nvidia-headless-580, Debian's nvidia-driver, nvidia-kernel-dkms ...).
 # Debian's package-name characters only: a name from the file ends up in apt-get's argv (replace).
@@ -133,26 +133,9 @@ def read_libraries(sysfs: Sysfs) -> tuple[str | None, list[str], list[str]]:
     return live, files, sorted(versions)
 
 
-def read_dpkg_installed(sysfs: Sysfs) -> dict[str, str] | None:
-    """Every package dpkg has installed, name -> version; None when the status file cannot be read."""
-    text = sysfs.read(DPKG_STATUS)
-    if text is None:
-        return None
-    found: dict[str, str] = {}
-    for stanza in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        for line in stanza.splitlines():
-            key, sep, value = line.partition(":")
-            if sep and not line.startswith((" ", "\t")):
-                fields[key] = value.strip()
-        if fields.get("Status", "").endswith(" installed") and fields.get("Package"):
-            found[fields["Package"]] = fields.get("Version", "")
-    return found
-
-
 def read_dpkg_driver_packages(sysfs: Sysfs) -> tuple[bool, list[DriverPackage]]:
     """(the status file was read, the driver packages dpkg has installed)."""
-    installed = read_dpkg_installed(sysfs)
+    installed = dpkg_installed(sysfs)
     if installed is None:
         return False, []
     return True, [DriverPackage(name=n, version=v) for n, v in installed.items() if _DRIVER_PACKAGE.match(n)]

@@ -26,7 +26,8 @@ from .containers import (
     read_toolkit,
 )
 from .driver import DriverInfo, read_driver
-from .driver_install import DISPLAY_CLASS, NVIDIA, GuestOs, read_dpkg_installed, read_os
+from .driver_install import DISPLAY_CLASS, NVIDIA, GuestOs, read_os
+from .packages import dpkg_installed
 from .files import file_state
 from .gpus import GpuList
 from .pci import PciDevice, read_pci_devices
@@ -237,7 +238,7 @@ def read_guest_toolkit(
     os_ = read_os(sysfs)
     docker, containerd = read_docker_config(sysfs), read_containerd_config(sysfs)
     if packages is None and os_.family == "debian":
-        packages = read_dpkg_installed(sysfs)
+        packages = dpkg_installed(sysfs)
     ext = "rpm" if os_.family == "redhat" else "deb"
     return GuestToolkitFacts(
         os=os_,

@@ -6,11 +6,13 @@ runner is the zipapp the role vgpu_host installs, docs/collection.md).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from .domains import read_running
 from .evidence import MissingEvidence
 from .host import HostFacts
+from .packages import Packages
 from .sysfs import Sysfs
 
 STATE_FILE = "etc/gpuprov/vgpu.json"
@@ -46,6 +48,8 @@ class HostInputs:
     mdevctl_path: str | None = None  # where mdevctl is, root-relative
     boot_runner: bool = False  # BOOT_PYZ is installed
     old_boot_files: dict[str, str] = field(default_factory=dict)  # the .py files under OLD_BOOT_LIB
+    boot_runner_sha256: str | None = None  # BOOT_PYZ's sha256, when asked for (read_runner_sha256)
+    packages: Packages | None = None  # the package manager's word on mdevctl, when asked for
 
 
 def read_text(sysfs: Sysfs, rel: str) -> str | None:
@@ -60,6 +64,12 @@ def _mdevctl_rule(sysfs: Sysfs) -> tuple[str, str] | None:
         if text is not None:
             return path, text
     return None
+
+
+def read_runner_sha256(sysfs: Sysfs) -> str | None:
+    """The installed boot runner's sha256 (None: absent)."""
+    raw = sysfs.read_bytes(BOOT_PYZ)
+    return None if raw is None else hashlib.sha256(raw).hexdigest()
 
 
 def read_inputs(sysfs: Sysfs, facts: HostFacts) -> HostInputs:

@@ -77,11 +77,17 @@ class Plan:
         return "refused, nothing changed: " + "; ".join(r.describe() for r in self.refusals)
 
     def diff(self, root: str = "/") -> list[dict[str, str]]:
-        """Ansible's diff format, one entry per file action; paths as below ``root``."""
+        """Ansible's diff format, one entry per action; paths as below ``root``.
+
+        Runtime actions (sysfs writes, commands) get an entry too, so ``--diff`` shows every
+        action without ``-v``: the attribute and the value written, or the command line.
+        """
         out = []
         prefix = root.rstrip("/")
         for a in self.actions:
-            if a.kind in (WRITE_FILE, REMOVE_FILE):
+            if a.live_only:
+                out.append(runtime_diff(a, prefix))
+            elif a.kind in (WRITE_FILE, REMOVE_FILE):
                 before, after = a.before or "", (a.content or "") if a.kind == WRITE_FILE else ""
                 if a.shown is not None:
                     before, after = a.shown
@@ -99,6 +105,18 @@ class Plan:
 
     def describe(self) -> list[str]:
         return [a.describe() for a in self.actions]
+
+
+def runtime_diff(action: Action, prefix: str = "") -> dict[str, str]:
+    """The --diff entry of a runtime action: Ansible shows it as ``--- before: HEADER`` /
+    ``+++ after: HEADER (why)`` and the value written (sysfs) or the command line as an added line."""
+    if action.kind == WRITE_SYSFS:
+        header = f"{prefix}/{action.path} (sysfs write, now)"
+        after = (action.content or "").strip()
+    else:
+        header = "command (run now)"
+        after = " ".join(action.argv or [])
+    return {"before_header": header, "after_header": f"{header}: {action.why}", "before": "", "after": after + "\n"}
 
 
 def _brief(text: str) -> str:

@@ -97,6 +97,23 @@ class VmPlan(Plan):
             *[a.describe() for a in self.cleanup],
         ]
 
+    def diff(self, root: str = "/") -> list[dict[str, str]]:
+        """Every step's --diff entry: storage and sysfs actions, libvirt's runtime ops (a define is
+        :meth:`domain_diff`'s), then the clean-up."""
+        entries = Plan(actions=self.actions + self.sysfs).diff(root)
+        for op in self.ops:
+            if op.kind != DEFINE:
+                header = f"libvirt {'network' if op.kind == START_NETWORK else 'domain'} {op.target} (now)"
+                entries.append(
+                    {
+                        "before_header": header,
+                        "after_header": f"{header}: {op.why}",
+                        "before": "",
+                        "after": op.describe().split(" (", 1)[0] + "\n",
+                    }
+                )
+        return entries + Plan(actions=self.cleanup).diff(root)
+
     def domain_diff(self) -> dict[str, str] | None:
         if self.xml_before == self.xml:
             return None

@@ -20,6 +20,7 @@ Standard library only (ships to targets with the modules).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,8 @@ from .validate import (
     text,
 )
 from .vm_input import check_settings, merge_defaults, parse_vm
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 # Role gpu_vms' variables (roles/gpu_vms/defaults/main.yml; a test keeps the two in step):
 # another gpu_vms_* key in a host_vars file is a typo that would silently do nothing.
@@ -65,6 +68,7 @@ GPU_VMS_VARIABLES = (
     "gpu_vms_guest_ssh_args",
     "gpu_vms_guest_ssh_private_key_file",
     "gpu_vms_console_checks",
+    "gpu_vms_check_consoles",
 )
 # How a host_vars file names the host settings.
 HOST_VARS_SETTINGS = {
@@ -233,9 +237,13 @@ def validate_gpu_vgpu_options(params: dict[str, Any]) -> list[Refusal]:
         choice(p, "scheduler", params["scheduler"], tuple(SCHEDULERS))
     if params.get("scheduler_timeslice_ms") is not None:
         integer(p, "scheduler_timeslice_ms", params["scheduler_timeslice_ms"], 1, MAX_TIMESLICE_MS, " ms")
-    for key in ("mixed_vgpu_types", "persistent", "prune", "allow_mig_mode_change"):
+    for key in ("mixed_vgpu_types", "persistent", "prune", "allow_mig_mode_change", "install_mdevctl"):
         if key in params:
             boolean(p, key, params[key])
+    runner = params.get("runner_sha256")
+    if runner is not None and not (isinstance(runner, str) and SHA256_RE.match(runner)):
+        fix = "leave it to the role vgpu_host"
+        p.add("runner_sha256", f"{shown(runner)} is not a sha256 (64 lowercase hex digits)", fix)
     if params.get("gpus") is not None and mapping(p, "gpus", params["gpus"]) is not None:
         scratch = Plan()
         parse_gpus(params["gpus"], scratch)

@@ -16,10 +16,15 @@ class ModuleDocFragment:
 attributes:
   check_mode:
     support: full
-    details: Reports the plan (every sysfs write, file and command) and the result it would have; changes nothing.
+    details:
+      - Reports the plan (every sysfs write, file and command) and the result it would have; changes nothing.
+      - Each RV(plan) line then says what would happen (C(would create /etc/x (why)), C(would run update-grub (why))).
   diff_mode:
     support: full
-    details: Shows every file the plan writes, before and after.
+    details:
+      - Shows every file the plan writes, before and after, and every runtime step as an added line (the value
+        written to a sysfs attribute, headed by its path; a command line, headed by why it runs), so unbinds and
+        other live changes show without C(-v).
 notes:
   - The module plans first (facts -> plan), then applies the plan step by step; a second run plans nothing.
     RV(plan) lists every step, also in check mode.

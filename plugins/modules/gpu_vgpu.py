@@ -25,8 +25,9 @@ description:
     fit the layout. MIG mode itself is only switched on with O(allow_mig_mode_change).
   - VF types and MIG instances do not survive a reboot; the layout is saved in C(/etc/gpuprov/vgpu.json) and the
     boot unit C(gpuprov-vgpu.service) re-applies it with the same planner, installed as
-    C(/usr/lib/gpuprov/gpuprov-vgpu.pyz) (the role C(gpuprov.kvm.vgpu_host) copies it there first). Where SR-IOV
-    or MIG entries need that unit and the file is missing, the module refuses (O(persistent=false) skips it).
+    C(/usr/lib/gpuprov/gpuprov-vgpu.pyz) (the role C(gpuprov.kvm.vgpu_host) copies it there when RV(runner) says
+    it is missing or differs). Where SR-IOV or MIG entries need that unit and the file is missing, the module
+    warns (O(persistent=false) skips it).
     A planner copy earlier versions wrote under C(/usr/lib/gpuprov/gpuprov) is removed.
   - Refuses, changing nothing, on a malformed address, UUID or entry, an unknown C(use) or key, an absent parent or
     GPU, a type the parent or VF does not offer, more mdevs than C(available_instances), mixed vGPU types on an
@@ -78,6 +79,19 @@ options:
         after a GPU reset or a reboot, run again afterwards to create the instances.
     type: bool
     default: false
+  install_mdevctl:
+    description:
+      - Where an C(mdev) entry is declared and mdevctl is missing (neither its binary nor the package manager's
+        status shows it), install it first (C(apt-get install mdevctl), C(dnf install mdevctl)), a command of the
+        plan run before the rest, which is then planned again. Installed, nothing runs (no package module call).
+    type: bool
+    default: false
+  runner_sha256:
+    description:
+      - The sha256 of the boot runner the caller would install as C(/usr/lib/gpuprov/gpuprov-vgpu.pyz) (the role
+        C(gpuprov.kvm.vgpu_host) gives its C(files/gpuprov-vgpu.pyz.sha256)). RV(runner) then says whether the
+        installed one is it, so the caller copies it only when it is not.
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpuprov.kvm.plan
@@ -164,9 +178,16 @@ scheduler:
   description: The scheduling policy written (policy, RmPVMRL value, file), or null when not managed.
   returned: success
   type: dict
+runner:
+  description:
+    - C(current) when the installed boot runner has O(runner_sha256), C(install) when it is missing or differs,
+      null when no entry needs the boot unit or O(runner_sha256) is not given.
+  returned: success
+  type: str
 first_pass:
-  description: What the first pass did where VFs had to be enabled before their types could be set.
-  returned: when VFs were enabled
+  description: What the first pass did where mdevctl was installed or VFs had to be enabled before their types could
+    be set.
+  returned: when mdevctl was installed or VFs were enabled
   type: list
   elements: str
 not_run:
@@ -213,6 +234,8 @@ def main() -> None:
             "persistent": {"type": "bool", "default": True},
             "prune": {"type": "bool", "default": False},
             "allow_mig_mode_change": {"type": "bool", "default": False},
+            "install_mdevctl": {"type": "bool", "default": False},
+            "runner_sha256": {"type": "str"},
             "root": {"type": "path", "default": "/"},
         },
         supports_check_mode=True,
@@ -230,6 +253,8 @@ def main() -> None:
         persistent=p["persistent"],
         prune=p["prune"],
         allow_mig_mode_change=p["allow_mig_mode_change"],
+        install_mdevctl=p["install_mdevctl"],
+        runner_sha256=p["runner_sha256"],
     )
     plan = plan_host(Sysfs(p["root"]), request)
     try:

@@ -26,6 +26,7 @@ from ...rules.validate import (
 )
 from ...rules.validate import text as text_field
 from ..base import (
+    Action,
     Plan,
     Refusal,
 )
@@ -56,6 +57,10 @@ class VgpuRequest:
     prune: bool = False  # also remove instances on declared GPUs that gpuprov did not make
     allow_mig_mode_change: bool = False  # may run `nvidia-smi -i N -mig 1` (needs a GPU reset)
     boot: bool = False  # the boot unit's run: VF types and MIG only, no files, nothing removed
+    install_mdevctl: bool = False  # install mdevctl (a command of the plan) where an mdev entry needs it
+    # The sha256 of the boot runner the role would install (its files/): the plan says whether the
+    # installed one is it (VgpuPlan.runner), so the role copies it only when it is not.
+    runner_sha256: str | None = None
 
 
 @dataclass
@@ -96,6 +101,8 @@ class VgpuPlan(Plan):
     reboot_required: bool = False
     scheduler: dict[str, Any] | None = None
     state: dict[str, Any] | None = None  # the saved layout (None: not written)
+    install: Action | None = None  # the tools' install command (also in actions): run, then planned again
+    runner: str | None = None  # the boot runner: current | install | None (not needed or not compared)
 
     def result(self) -> dict[str, Any]:
         """What the module returns besides the plan."""
@@ -108,6 +115,7 @@ class VgpuPlan(Plan):
             "mig": self.mig,
             "reboot_required": self.reboot_required,
             "scheduler": self.scheduler,
+            "runner": self.runner,
         }
 
 

@@ -112,7 +112,9 @@ def _persistence(
     had_unit = inputs.files.get(BOOT_UNIT) is not None
     if not needs_boot and had_unit and inputs.boot_enabled:
         plan.actions.append(_cmd(["systemctl", "disable", BOOT_SERVICE], "no VF types or MIG layout left to re-apply"))
-    if needs_boot and not inputs.boot_runner:
+    if needs_boot and request.runner_sha256:
+        plan.runner = "current" if inputs.boot_runner_sha256 == request.runner_sha256 else "install"
+    elif needs_boot and not inputs.boot_runner:
         # The role installs it right after this plan is applied (a refused plan must write nothing,
         # so the runner never goes first); said loudly for a module run on its own.
         plan.warnings.append(
@@ -145,7 +147,7 @@ def _persistence(
         if a and rule is not None:
             plan.actions.append(a)
             plan.actions.append(_cmd(["udevadm", "control", "--reload"], "udev reads the rule"))
-        if "mdevctl" not in inputs.tools:
+        if "mdevctl" not in inputs.tools and not request.install_mdevctl:
             plan.warnings.append(
                 "mdevctl is not installed: the mdevctl definitions take effect once it is (apt/dnf install mdevctl)"
             )

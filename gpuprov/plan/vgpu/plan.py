@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from ...facts.host import HostFacts, gather
 from ...facts.mig import MigFacts, Runner, read_mig
+from ...facts.packages import install_argv, read_packages
 from ...facts.sysfs import Sysfs
-from ...facts.vgpu_inputs import STATE_FILE, HostInputs, read_inputs
-from .config import VgpuPlan, VgpuRequest, parse_gpus
+from ...facts.vgpu_inputs import STATE_FILE, HostInputs, read_inputs, read_runner_sha256
+from ..base import COMMAND, Action
+from .config import Entry, VgpuPlan, VgpuRequest, parse_gpus
 from .mdev import _plan_mdevs
 from .mig import _plan_mig_entry
 from .persistence import _persistence
@@ -36,7 +38,25 @@ def plan_vgpu(facts: HostFacts, request: VgpuRequest, inputs: HostInputs, mig: M
             _persistence(entries, request, inputs, managed, plan)
     if plan.refused:
         plan.actions = []
+    elif not request.boot:
+        _plan_mdevctl_install(entries, request, inputs, plan)
     return plan
+
+
+MDEVCTL_PACKAGE = "mdevctl"
+
+
+def _plan_mdevctl_install(entries: list[Entry], request: VgpuRequest, inputs: HostInputs, plan: VgpuPlan) -> None:
+    """Install mdevctl first where an mdev entry is declared and neither its binary nor the package
+    manager says it is there (unknown: installed, idempotently)."""
+    if not request.install_mdevctl or "mdevctl" in inputs.tools or not any(e.use == "mdev" for e in entries):
+        return
+    packages = inputs.packages
+    if packages is not None and not packages.missing([MDEVCTL_PACKAGE]):
+        return
+    argv = install_argv(packages.manager if packages else None, [MDEVCTL_PACKAGE])
+    plan.install = Action(COMMAND, "mdevs persist as its definitions", argv=argv)
+    plan.actions.insert(0, plan.install)
 
 
 # ---------------------------------------------------------------- reading the host
@@ -47,10 +67,13 @@ def read_host(
 ) -> tuple[HostFacts, HostInputs, MigFacts | None]:
     facts = gather(sysfs)
     inputs = read_inputs(sysfs, facts)
-    wants_mig = isinstance(request.gpus, dict) and any(
-        isinstance(v, dict) and v.get("use") == "mig" for v in request.gpus.values()
-    )
-    return facts, inputs, (read_mig(sysfs, run) if wants_mig else None)
+    gpus = request.gpus if isinstance(request.gpus, dict) else {}
+    uses = {v.get("use") for v in gpus.values() if isinstance(v, dict)}
+    if request.runner_sha256 and not request.boot:
+        inputs.boot_runner_sha256 = read_runner_sha256(sysfs)
+    if request.install_mdevctl and "mdev" in uses and "mdevctl" not in inputs.tools:
+        inputs.packages = read_packages(sysfs, [MDEVCTL_PACKAGE])
+    return facts, inputs, (read_mig(sysfs, run) if "mig" in uses else None)
 
 
 def plan_host(sysfs: Sysfs, request: VgpuRequest, run: Runner | None = None) -> VgpuPlan:

@@ -1,0 +1,80 @@
+"""Role host_model resolves the declaration once per run: each play of gpu-passthrough.yml pulls
+it in (a dependency of vfio_host, vgpu_host and gpu_vms), and later plays reuse gpuprov_model
+without another module run; another root is resolved again (issue #14)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, collections_path
+
+RESOLVE = "Resolve the host's declaration against its facts"
+
+
+def two_plays(second_root: str) -> list[dict]:
+    def one(name: str, root: str) -> dict:
+        return {
+            "name": name,
+            "hosts": "localhost",
+            "connection": "local",
+            "gather_facts": False,
+            "vars": {"host_model_root": root},
+            "roles": [{"role": "gpuprov.kvm.host_model"}],
+            "tasks": [{"name": f"{name}: the model", "ansible.builtin.debug": {"var": "gpuprov_model.vfio_devices"}}],
+        }
+
+    return [one("first", "{{ first_root }}"), one("second", second_root)]
+
+
+def run(tmp_path: Path, plays: list[dict], first: Path) -> list[tuple[str, dict]]:
+    collections_path()
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(json.dumps(plays))
+    host = {"gpus": [{"name": "gpu", "address": "0000:01:00.0", "use": "passthrough"}]}
+    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", str(playbook)]
+    cmd += [
+        "-e",
+        json.dumps({"gpuprov_host": host, "first_root": str(first), "ansible_python_interpreter": sys.executable}),
+    ]
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCALHOST_WARNING": "0",
+    }
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    try:
+        data = json.loads(proc.stdout[proc.stdout.index("{") :])
+    except ValueError:
+        pytest.fail(
+            f"ansible-playbook printed no JSON (rc {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
+        )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return [(t["task"]["name"].split(" : ", 1)[-1], t["hosts"]["localhost"]) for p in data["plays"] for t in p["tasks"]]
+
+
+@pytest.fixture
+def roots(host_root, tmp_path: Path) -> tuple[Path, Path]:
+    pair = (tmp_path / "a", tmp_path / "b")
+    for root in pair:
+        shutil.copytree(host_root("gpu-audio"), root, symlinks=True)
+    return pair
+
+
+def test_the_second_play_reuses_the_model_and_another_root_is_resolved_again(tmp_path: Path, roots) -> None:
+    first, other = roots
+    tasks = run(tmp_path, two_plays("{{ first_root }}"), first)
+    resolved = [result for name, result in tasks if name == RESOLVE]
+    assert [r.get("skipped", False) for r in resolved] == [False, True]
+    models = [result["gpuprov_model.vfio_devices"] for name, result in tasks if name.endswith(": the model")]
+    assert models == [["0000:01:00.0"], ["0000:01:00.0"]]  # the second play still has it
+    again = run(tmp_path, two_plays(str(other)), first)
+    assert [r.get("skipped", False) for name, r in again if name == RESOLVE] == [False, False]
