@@ -27,9 +27,9 @@ from .containers import (
 )
 from .driver import DriverInfo, read_driver
 from .driver_install import DISPLAY_CLASS, NVIDIA, GuestOs, read_os
-from .packages import dpkg_installed
 from .files import file_state
 from .gpus import GpuList
+from .packages import dpkg_installed
 from .pci import PciDevice, read_pci_devices
 from .sysfs import Sysfs
 
