@@ -71,9 +71,16 @@ def finish(module: Any, plan: Plan, root: str, **extra: Any) -> None:
 def finish_failed(module: Any, plan: Plan, root: str, msg: str, **extra: Any) -> None:
     """Apply ``plan`` (what records and cleans up a failure), then fail with ``msg``: the task fails
     whatever the actions did (a boot trial that did not come up, recorded so)."""
-    result: dict[str, Any] = {"plan": plan.describe(), "not_run": [], "root": root, **extra}
+    result: dict[str, Any] = {
+        "plan": planned(plan.describe(), module.check_mode),
+        "not_run": [],
+        "root": root,
+        **extra,
+    }
     for warning in plan.warnings:
         module.warn(warning)
+    if module._diff:
+        result["diff"] = plan.diff(root)
     changed = False
     if not module.check_mode:
         try:

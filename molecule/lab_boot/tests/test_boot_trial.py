@@ -26,6 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
+from labhost.boot import RESET_BY_GUEST, RESET_BY_LAB  # noqa: E402
 from labhost.common import lab_dir  # noqa: E402
 
 RUN = lab_dir() / "run"
@@ -49,10 +50,11 @@ def adhoc(module: str, args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
 
 
-def bmc_resets() -> int:
-    """Resets done by labhost's own boot watchdog (the lab's stand-in for a BMC), not the trial's."""
+def resets(by: str) -> int:
+    """Resets in run/watchdog.log by labhost's own boot watchdog (the lab's stand-in for a BMC,
+    RESET_BY_LAB) or by the guest's hardware watchdog (QEMU's WATCHDOG event, RESET_BY_GUEST)."""
     try:
-        return (RUN / "watchdog.log").read_text().count("system_reset")
+        return sum(line.split(" ", 1)[-1].startswith(by) for line in (RUN / "watchdog.log").read_text().splitlines())
     except OSError:
         return 0
 
@@ -93,7 +95,8 @@ def timed(name: str, fn):
 
 @pytest.mark.parametrize(("case", "argument"), [("panic", PANIC), ("hang", HANG)])
 def test_a_bad_argument_comes_back_by_itself_on_the_old_arguments(host, converge, loader, case, argument):
-    before, resets, booted = default_digest(host, loader), bmc_resets(), boot_id(host)
+    before, booted = default_digest(host, loader), boot_id(host)
+    bmc, guest_wdt = resets(RESET_BY_LAB), resets(RESET_BY_GUEST)
     offset = len(console())
     run = timed(f"{loader} {case}", lambda: converge({"iommu_host_extra_args": [argument]}))
     assert run.failures, run.output
@@ -103,7 +106,9 @@ def test_a_bad_argument_comes_back_by_itself_on_the_old_arguments(host, converge
     assert boot_id(host) != booted
     assert "intel_iommu=off" in cmdline(host) and not any(a.startswith("gpuprov.trial=") for a in cmdline(host))
     assert default_digest(host, loader) == before
-    assert bmc_resets() == resets, "labhost's boot watchdog fired: the trial's own fallback did not"
+    assert resets(RESET_BY_LAB) == bmc, "labhost's boot watchdog fired: the trial's own fallback did not"
+    # A panic reboots by panic=; a hang only by the i6300esb the trial's initramfs armed.
+    assert resets(RESET_BY_GUEST) == guest_wdt + (case == "hang")
     trial = console()[offset:]
     assert argument in trial, trial[-3000:]
     if case == "panic":
