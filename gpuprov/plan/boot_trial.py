@@ -228,10 +228,12 @@ SCRIPT_TEXT = """\
 PREREQ=""
 prereqs() {{ echo "$PREREQ"; }}
 case "$1" in prereqs) prereqs; exit 0 ;; esac
-grep -q "{marker}=" /proc/cmdline || exit 0
+# Shell builtins only: a small initramfs has no grep or printf.
+read -r cmdline < /proc/cmdline
+case " $cmdline " in *" {marker}="*) ;; *) exit 0 ;; esac
 modprobe {module} || exit 0
 # Opened, written and closed without the magic 'V': the driver keeps counting and nothing feeds it.
-[ -c /dev/watchdog ] && printf 'gpuprov' > /dev/watchdog
+[ -c /dev/watchdog ] && echo gpuprov > /dev/watchdog
 exit 0
 """
 
@@ -794,6 +796,9 @@ def _forget_trial(inputs: BootInputs, committed: bool) -> list[Action]:
             )
         else:
             actions.append(Action(COMMAND, "drop the trial initramfs", argv=["rm", "-f", "/" + trial_initrd]))
+    action = file_action(TRIAL_UP, None, inputs.files.get(TRIAL_UP), "the trial is over")
+    if action:
+        actions.append(action)
     if committed:
         action = file_action(TRIAL_STATE, None, inputs.files.get(TRIAL_STATE), "the trial is over")
         if action:
