@@ -375,3 +375,22 @@ def test_a_trial_that_came_up_unchecked_is_tried_again_not_failed(tmp_path: Path
     (tmp_path / TRIAL_UP).write_text(marker + "\n")
     reboot(tmp_path, f"BOOT_IMAGE=/boot/vmlinuz-{KVER} {LINE}", iommu=False)
     assert plan(tmp_path).stage == "failed"  # a third time counts
+
+
+def test_a_stale_trial_initramfs_never_replaces_the_default(tmp_path: Path) -> None:
+    """After a failed trial, arguments the default already has: the trial's initramfs (never tried
+    to the end) is removed, not moved over the default's."""
+    debian(tmp_path)
+    applied(tmp_path, plan(tmp_path, extra_args=["init=/bin/false"]))
+    reboot(tmp_path, f"BOOT_IMAGE=/boot/vmlinuz-{KVER} {LINE}", iommu=False)
+    (tmp_path / f"boot/initrd.img-{KVER}.gpuprov-trial").write_text("left over")
+    p = plan(tmp_path, extra_args=["init=/bin/false"])
+    assert p.stage == "failed"
+    (tmp_path / f"boot/initrd.img-{KVER}.gpuprov-trial").write_text("left over")  # as if rm had failed
+    default = (tmp_path / "etc/default/grub").read_text()
+    (tmp_path / "etc/default/grub").write_text(default.replace("quiet intel_iommu=off", "quiet"))
+    (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n\n")
+    p = plan(tmp_path, passthrough=False)
+    assert p.stage == "converged"
+    assert ["rm", "-f", f"/boot/initrd.img-{KVER}.gpuprov-trial"] in commands(p)
+    assert not any(argv[0] == "mv" for argv in commands(p))

@@ -773,9 +773,9 @@ def _state_action(inputs: BootInputs, record: dict, why: str) -> Action | None:
     return file_action(TRIAL_STATE, state_text(record), inputs.files.get(TRIAL_STATE), why)
 
 
-def _forget_trial(inputs: BootInputs, committed: bool) -> list[Action]:
-    """Remove what the trial left: its entry, its initramfs (moved into place when ``committed``),
-    and on commit its record."""
+def _forget_trial(inputs: BootInputs, committed: bool, tried: bool = False) -> list[Action]:
+    """Remove what a trial left: its entry, its note, its initramfs (moved into place only when
+    ``tried``: this trial passed its checks; else removed) and, when ``committed``, its record."""
     boot, actions = inputs.boot, []
     if boot.loader == "grub":
         text = custom_cfg(inputs.files.get(GRUB_CUSTOM), None)
@@ -787,7 +787,7 @@ def _forget_trial(inputs: BootInputs, committed: bool) -> list[Action]:
         actions.append(action)
     trial_initrd = trial_initrd_of(boot.state)
     if trial_initrd and trial_initrd in inputs.present:
-        if committed:
+        if tried:
             target = "/" + trial_initrd[: -len(TRIAL_SUFFIX)]
             actions.append(
                 Action(
@@ -853,6 +853,7 @@ def _judge_trial(
         record = _state_action(inputs, _failed_record(state, boot.boot_id, why), "record the failed trial")
         plan.actions = _forget_trial(inputs, committed=False) + ([record] if record else [])
         return plan
-    plan.actions = [*(x for x in [stop_watchdog] if x), *default.actions, *_forget_trial(inputs, committed=True)]
+    forget = _forget_trial(inputs, committed=True, tried=True)
+    plan.actions = [*(x for x in [stop_watchdog] if x), *default.actions, *forget]
     plan.stage, plan.reboot, plan.reboot_required = "committed", "none", False
     return plan
