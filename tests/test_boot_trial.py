@@ -127,7 +127,10 @@ def applied(root: Path, p: BootPlan) -> None:
         if argv[0] == "grub-reboot":
             (root / "boot/grub/grubenv").write_text(GRUBENV.replace("#" * 30, f"next_entry={argv[1]}\n", 1))
         elif argv[0] == "mkinitramfs":
+            here[1].parent.mkdir(parents=True, exist_ok=True)
             here[1].write_text("trial initrd")
+        elif argv[0] == "cp":
+            here[2].write_bytes(here[1].read_bytes())
         elif argv[0] == "mv":
             os.replace(here[1], here[2])
         elif argv[0] == "rm":
@@ -345,11 +348,16 @@ def test_systemd_boot_trial_uses_a_bls_entry_and_bootctl(tmp_path: Path) -> None
     entry = next(a.content for a in p.actions if a.path == "boot/efi/loader/entries/gpuprov-trial.conf")
     assert isinstance(entry, str) and "title gpuprov trial: intel_iommu=on iommu=pt" in entry
     assert "intel_iommu=on iommu=pt gpuprov.trial=" in entry and "panic=10" in entry and "version" not in entry
-    apply(p, str(tmp_path))
+    applied(tmp_path, p)
     reboot(tmp_path, next(x for x in entry.splitlines() if x.startswith("options")).split(" ", 1)[1])
     commit = plan(tmp_path)
     assert commit.stage == "committed"
-    assert ["kernel-install", "add", KVER, f"/boot/vmlinuz-{KVER}", f"/boot/initrd.img-{KVER}"] in commands(commit)
+    trial_initrd = f"/boot/efi/abc/{KVER}/initrd.img-{KVER}.gpuprov-trial"
+    assert commands(commit) == [  # the tried initramfs to /boot, which kernel-install copies to the ESP
+        ["cp", "-f", trial_initrd, f"/boot/initrd.img-{KVER}"],
+        ["kernel-install", "add", KVER, f"/boot/vmlinuz-{KVER}", f"/boot/initrd.img-{KVER}"],
+        ["rm", "-f", trial_initrd],
+    ]
     apply(commit, str(tmp_path))
     assert (tmp_path / "etc/kernel/cmdline").read_text().endswith("quiet intel_iommu=on iommu=pt\n")
     assert not (tmp_path / "boot/efi/loader/entries/gpuprov-trial.conf").exists()

@@ -853,7 +853,15 @@ def _judge_trial(
         record = _state_action(inputs, _failed_record(state, boot.boot_id, why), "record the failed trial")
         plan.actions = _forget_trial(inputs, committed=False) + ([record] if record else [])
         return plan
-    forget = _forget_trial(inputs, committed=True, tried=True)
-    plan.actions = [*(x for x in [stop_watchdog] if x), *default.actions, *forget]
+    first = [stop_watchdog] if stop_watchdog else []
+    trial_initrd = trial_initrd_of(state)
+    sdboot = boot.loader == "systemd-boot"
+    if sdboot and trial_initrd in inputs.present and boot.initrd:
+        # The trial's initramfs is on the ESP; kernel-install (or proxmox-boot-tool) copies /boot's
+        # there for the default entry: it goes to /boot first.
+        argv = ["cp", "-f", f"/{trial_initrd}", f"/{boot.initrd}"]
+        first.append(Action(COMMAND, "the tried initramfs becomes the default's", argv=argv))
+    forget = _forget_trial(inputs, committed=True, tried=not sdboot)
+    plan.actions = [*first, *default.actions, *forget]
     plan.stage, plan.reboot, plan.reboot_required = "committed", "none", False
     return plan

@@ -95,6 +95,8 @@ def timed(name: str, fn):
 
 @pytest.mark.parametrize(("case", "argument"), [("panic", PANIC), ("hang", HANG)])
 def test_a_bad_argument_comes_back_by_itself_on_the_old_arguments(host, converge, loader, case, argument):
+    if case == "hang" and loader != "grub":
+        pytest.skip("the watchdog is armed by the trial's initramfs, the same under both loaders: hung on GRUB only")
     before, booted = default_digest(host, loader), boot_id(host)
     bmc, guest_wdt = resets(RESET_BY_LAB), resets(RESET_BY_GUEST)
     offset = len(console())
@@ -110,7 +112,8 @@ def test_a_bad_argument_comes_back_by_itself_on_the_old_arguments(host, converge
     # A panic reboots by panic=; a hang only by the i6300esb the trial's initramfs armed.
     assert resets(RESET_BY_GUEST) == guest_wdt + (case == "hang")
     trial = console()[offset:]
-    assert argument in trial, trial[-3000:]
+    if loader == "grub":  # GRUB names the entry it boots; systemd-boot (timeout 0) prints nothing
+        assert f"Booting `gpuprov trial: intel_iommu=on iommu=pt {argument}'" in trial, trial[-3000:]
     if case == "panic":
         assert "Kernel panic" in trial, trial[-3000:]
     else:
@@ -130,7 +133,12 @@ def test_the_failed_arguments_are_not_tried_again(host, converge, loader, argume
 
 
 def test_a_good_change_is_tried_then_committed(host, converge, loader):
+    """On GRUB the run is killed 3 s into the module call (while it builds the trial initramfs: the
+    case where a handler's notification died with the controller) and run again (issue #14)."""
     booted = boot_id(host)
+    if loader == "grub":
+        assert converge_killed_in("Turn the IOMMU on at boot"), "the run ended before the module call"
+        assert boot_id(host) == booted  # killed before its reboot
     run = timed(f"{loader} good (trial + commit)", lambda: converge())
     assert run.failures == 0, run.output
     assert boot_id(host) != booted
@@ -143,39 +151,33 @@ def test_a_good_change_is_tried_then_committed(host, converge, loader):
     else:
         assert "intel_iommu=on iommu=pt" in host.file("/etc/kernel/cmdline").content_string
         assert not host.file("/boot/efi/loader/entries/gpuprov-trial.conf").exists
-    assert not host.file("/var/lib/gpuprov/boot-trial.json").exists
+    # What an uninterrupted run leaves (molecule/lab checks the same after its converge): the
+    # initramfs holds vfio and the trial's watchdog script, nothing of the trial is left over.
+    listing = host.check_output("lsinitramfs /boot/initrd.img-$(uname -r)")
+    for member in ("vfio-pci.ko", "scripts/init-top/gpuprov-trial", "i6300esb.ko"):
+        assert member in listing, member
+    left = host.check_output("ls /var/lib/gpuprov /boot /boot/efi 2>/dev/null; true")
+    assert "gpuprov-trial" not in left and "boot-trial.json" not in left and "trial-up" not in left, left
     assert host.file("/sys/class/iommu/dmar0").exists
+    again = timed(f"{loader} no-op rerun", lambda: converge())
+    assert again.failures == 0 and again.changed == 0, again.output
 
 
-def test_the_next_reboot_keeps_it_and_a_rerun_changes_nothing(host, converge, loader):
+def test_the_next_reboot_keeps_it(host, converge, loader):
+    if loader == "grub":
+        pytest.skip("molecule/lab reboots its converged GRUB host (test_binding_persists_across_a_reboot)")
     booted = boot_id(host)
     r = adhoc("ansible.builtin.reboot", "reboot_timeout=600")
     assert r.returncode == 0, r.stdout + r.stderr
     assert boot_id(host) != booted
     args = cmdline(host)
     assert "intel_iommu=on" in args and not any(a.startswith("gpuprov.trial=") for a in args)
-    run = timed(f"{loader} no-op rerun", lambda: converge())
+    run = converge()
     assert run.failures == 0 and run.changed == 0, run.output
     print(f"\nboot-trial timings so far: {json.dumps(TIMINGS)}", flush=True)
 
 
-# -- runs killed at task boundaries (issue #14): the rerun leaves what an uninterrupted run leaves --
-
-SNAPSHOTS: dict[str, str] = {}
-# The state a run leaves: the boot files, vfio's files, what the initramfs holds, the running line.
-STATE = (
-    "cat /proc/cmdline | tr ' ' '\\n' | grep -v -e '^BOOT_IMAGE=' | sort; "
-    "sha256sum /etc/default/grub /boot/grub/grub.cfg /etc/modules-load.d/gpuprov-vfio.conf "
-    "/etc/initramfs-tools/modules /etc/initramfs-tools/hooks/gpuprov-trial "
-    "/etc/initramfs-tools/scripts/init-top/gpuprov-trial; "
-    "lsinitramfs /boot/initrd.img-$(uname -r) | grep -e vfio -e gpuprov -e i6300esb | sort; "
-    "ls /boot /var/lib/gpuprov /boot/grub/custom.cfg 2>&1 | sort"
-)
-KILL_POINTS = ["Turn the IOMMU on at boot", "Reboot (once into the trial entry)", "Check the trial boot and commit it"]
-
-
-def snapshot(host) -> str:
-    return host.check_output(STATE)
+# -- a run killed at a task boundary (issue #14) --
 
 
 def converge_killed_in(task: str, after: float = 3.0) -> bool:
@@ -203,29 +205,3 @@ def converge_killed_in(task: str, after: float = 3.0) -> bool:
             return True
     proc.wait()
     return False
-
-
-def test_the_uninterrupted_state(host, loader):
-    """After the good change above: what an uninterrupted run left."""
-    if loader != "grub":
-        pytest.skip("the interrupted runs are checked on the GRUB image")
-    SNAPSHOTS["uninterrupted"] = snapshot(host)
-
-
-def test_runs_killed_at_task_boundaries_are_finished_by_the_rerun(host, converge, loader):
-    if loader != "grub":
-        pytest.skip("the interrupted runs are checked on the GRUB image")
-    labhost("down")
-    labhost("up", "--fresh")
-    hit = []
-    for task in KILL_POINTS:
-        if converge_killed_in(task):
-            hit.append(task)
-            adhoc("ansible.builtin.wait_for_connection", "timeout=900")  # it may be rebooting
-    print(f"\nboot-trial: runs killed 3 s into: {hit}", flush=True)
-    assert hit, "no kill point was reached"
-    run = timed("grub rerun after the kills", lambda: converge())
-    assert run.failures == 0, run.output
-    assert snapshot(host) == SNAPSHOTS["uninterrupted"]
-    again = converge()
-    assert again.failures == 0 and again.changed == 0, again.output
