@@ -107,10 +107,14 @@ proof_systemd_boot() {
     lab bootctl list
     entry=$(lab "ls /boot/efi/loader/entries/\$(cat /etc/machine-id)-\$(uname -r).conf") || fail "no entry for the running kernel"
     trial=/boot/efi/loader/entries/gpuprov-trial.conf
-    # A copy of the default entry (same sort-key and version) with one more argument: it stays
-    # in place until after the next boot, so that boot shows systemd-boot's default is still
-    # the original entry once the one-shot is spent (what a fallback after a hang relies on).
-    lab "sed -e 's/^title .*/title gpuprov trial/' -e 's/^options .*/& $TRIAL_ARG/' $entry > $trial && cat $trial"
+    # A copy of the default entry with one more argument and a sort-key of its own: a verbatim
+    # copy (same sort-key, same version) is ordered by its file name against
+    # <machine-id>-<kver>, and "gpuprov-trial" beats a machine-id that starts with a-f, which
+    # would make the copy the default entry. It stays in place until after the next boot, so
+    # that boot shows the default is still the original once the one-shot is spent (what a
+    # fallback after a hang relies on).
+    lab "sed -e 's/^title .*/title gpuprov trial/' -e 's/^sort-key .*/sort-key   gpuprov-trial/' \\
+             -e 's/^options .*/& $TRIAL_ARG/' $entry > $trial && cat $trial"
     lab bootctl list | grep -q 'title: Debian.*(default)' || fail "the copy took the default entry's place"
     lab bootctl set-oneshot gpuprov-trial.conf
     # bootctl list marks the one-shot entry "(default)" now: the one the next boot takes.
