@@ -1,6 +1,7 @@
 """``python -m labhost``: an emulated GPU host to run the playbooks against for real.
 
-    python -m labhost up [--fresh]     build the disk image (cached) and boot the lab host
+    python -m labhost up [--fresh] [--loader grub|systemd-boot]
+                                       build the disk image (cached) and boot the lab host
     python -m labhost ssh [CMD...]     a shell or a command on it (root, key auth)
     python -m labhost status           running or not, its SSH port, the image's cache key
     python -m labhost down             power it off
@@ -11,7 +12,13 @@ its own bootloader: OVMF -> a standalone GRUB EFI on a FAT ESP -> the root
 disk's ``/boot/grub/grub.cfg``, which ``update-grub`` inside the lab host writes
 from its ``/etc/default/grub``. That file starts without ``intel_iommu=on``
 (Debian 12's kernel leaves the Intel IOMMU off), so the IOMMU comes on only when
-the iommu_host role adds it and the lab host reboots, as on a real host.
+the iommu_host role adds it and the lab host reboots, as on a real host. That GRUB
+uses the root disk's /boot/grub as $prefix, as grub-install would (its modules and
+grubenv there), so ``grub-reboot`` works. ``up --loader systemd-boot`` boots a
+second image instead (its own cache key, the same recipe otherwise): systemd-boot
+on a writable GPT ESP mounted at /boot/efi, its entries made by Debian's
+``bootctl install`` and ``kernel-install`` from /etc/kernel/cmdline. Both have an
+i6300esb hardware watchdog (QEMU resets the machine when it expires).
 
 QEMU's ``edu`` device (1234:11e8) stands in for GPUs:
 

@@ -420,8 +420,8 @@ FIRSTBOOT_LOADER = {
     "grub": "update-grub && ok=1\n",
     # What systemd-boot's postinst does where an ESP is mounted (/var/lib/dpkg/info/
     # systemd-boot.postinst): bootctl install, then kernel-install add for each kernel (its
-    # entry's options from /etc/kernel/cmdline). udev first: bootctl checks the ESP's GPT
-    # partition type through the /dev/block links udev makes.
+    # entry's options from /etc/kernel/cmdline). udev first, as on a booted host: bootctl finds
+    # and checks the ESP (GPT partition type) through udev's device database and links.
     "systemd-boot": f"""\
 /lib/systemd/systemd-udevd --daemon && udevadm trigger && udevadm settle
 if mount {ESP_MOUNT} && bootctl install --make-machine-id-directory=auto; then

@@ -43,7 +43,7 @@ def status(lab: Path, as_json: bool) -> int:
         print(json.dumps(out, indent=2))
         return 0
     if pid:
-        print(f"running: pid {pid}, SSH on 127.0.0.1:{out['ssh_port']} (python -m labhost ssh)")
+        print(f"running: pid {pid}, {loader}, SSH on 127.0.0.1:{out['ssh_port']} (python -m labhost ssh)")
         if state.get("key") != key:
             print(f"  runs image {state.get('key')}; the inputs now give {key} (`down` and `up` to rebuild)")
     else:

@@ -107,13 +107,22 @@ proof_systemd_boot() {
     lab bootctl list
     entry=$(lab "ls /boot/efi/loader/entries/\$(cat /etc/machine-id)-\$(uname -r).conf") || fail "no entry for the running kernel"
     trial=/boot/efi/loader/entries/gpuprov-trial.conf
-    lab "sed -e 's/^title .*/title gpuprov trial/' -e 's/^options .*/& $TRIAL_ARG/' $entry > $trial && cat $trial"
+    # A copy of the default entry with one more argument and a sort-key of its own: a verbatim
+    # copy (same sort-key, same version) is ordered by its file name against
+    # <machine-id>-<kver>, and "gpuprov-trial" beats a machine-id that starts with a-f, which
+    # would make the copy the default entry. It stays in place until after the next boot, so
+    # that boot shows the default is still the original once the one-shot is spent (what a
+    # fallback after a hang relies on).
+    lab "sed -e 's/^title .*/title gpuprov trial/' -e 's/^sort-key .*/sort-key   gpuprov-trial/' \\
+             -e 's/^options .*/& $TRIAL_ARG/' $entry > $trial && cat $trial"
+    lab bootctl list | grep -q 'title: Debian.*(default)' || fail "the copy took the default entry's place"
     lab bootctl set-oneshot gpuprov-trial.conf
-    lab bootctl list | grep -E 'title|id:|(default)|(oneshot)' || true
+    # bootctl list marks the one-shot entry "(default)" now: the one the next boot takes.
+    lab bootctl list | grep -E 'title|id:' || true
     reboot_wait
     cmdline | grep -qw "$TRIAL_ARG" || fail "the trial entry did not boot: $(cmdline)"
     say "trial boot: /proc/cmdline = $(cmdline)"
-    lab "rm $trial"
+    lab bootctl list | grep -q 'title: Debian.*(default)' || fail "the one-shot is not spent"
     say "default entry's options from /etc/kernel/cmdline (kernel-install add)"
     lab "set -e; cp /etc/kernel/cmdline /root/cmdline.orig; sed -i 's/\$/ gpuprov.cmdline=1/' /etc/kernel/cmdline
          kernel-install add \$(uname -r) /boot/vmlinuz-\$(uname -r) /boot/initrd.img-\$(uname -r)
@@ -122,7 +131,7 @@ proof_systemd_boot() {
     cmdline | grep -qw "$TRIAL_ARG" && fail "the trial entry booted twice"
     cmdline | grep -qw gpuprov.cmdline=1 || fail "the default entry did not boot the new options"
     say "next boot, the default entry with the new options: /proc/cmdline = $(cmdline)"
-    lab "set -e; mv /root/cmdline.orig /etc/kernel/cmdline
+    lab "set -e; rm $trial; mv /root/cmdline.orig /etc/kernel/cmdline
          kernel-install add \$(uname -r) /boot/vmlinuz-\$(uname -r) /boot/initrd.img-\$(uname -r)"
     say "systemd-boot: OK"
 }
