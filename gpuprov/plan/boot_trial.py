@@ -357,6 +357,10 @@ def bls_default_entry(entries: list[BlsEntry], selected: str | None, release: st
     fields = dict(reversed(bls_fields(chosen.text)))
     if "linux" not in fields:
         return None, f"{chosen.name} has no linux line"
+    if "sort-key" not in fields:
+        # The trial entry has none: it sorts after every entry that has one, so it never becomes
+        # the default. Without one on the default, file names decide, and the trial could win.
+        return None, f"{chosen.name} has no sort-key, so the trial entry could sort before it and become the default"
     args = kernel_split(fields.get("options", ""))
     return Entry(fields["linux"], version(chosen) or release, args, fields.get("initrd"), chosen.text), None
 
