@@ -119,6 +119,11 @@ def test_iommu_came_on_through_the_hosts_own_grub(host):
     cmdline = host.file("/proc/cmdline").content_string.split()
     assert "intel_iommu=on" in cmdline and "iommu=pt" in cmdline, cmdline
     assert "intel_iommu=off" not in cmdline, cmdline
+    # The host still runs the trial boot the role armed, checked and committed
+    # (docs/reference/boot-trial.md); nothing of the trial is left.
+    assert any(a.startswith("gpuprov.trial=") for a in cmdline), cmdline
+    assert not host.file("/var/lib/gpuprov/boot-trial.json").exists
+    assert not host.file("/boot/grub/custom.cfg").exists
     # The role edited GRUB's defaults by argument (quiet kept), update-grub wrote the menu, GRUB booted it.
     grub = host.file("/etc/default/grub").content_string
     assert 'GRUB_CMDLINE_LINUX_DEFAULT="quiet intel_iommu=on iommu=pt"' in grub, grub
@@ -234,6 +239,9 @@ def test_binding_persists_across_a_reboot(host):
     # The first look after boot, before any Ansible run: udev's rule (from the initramfs on)
     # gave the devices to vfio-pci.
     assert host.file("/proc/sys/kernel/random/boot_id").content_string != boot_id
+    # The committed default: the IOMMU's arguments, no trial.
+    cmdline = host.file("/proc/cmdline").content_string.split()
+    assert "intel_iommu=on" in cmdline and not any(a.startswith("gpuprov.trial=") for a in cmdline), cmdline
     assert {a: driver(host, a) for a in [*BOUND, *HOST_DRIVERS]} == {
         **dict.fromkeys(BOUND, "vfio-pci"),
         **HOST_DRIVERS,

@@ -37,6 +37,10 @@ DEFAULT_FILES = {
     "systemd-boot": ["/etc/kernel/cmdline", "/boot/efi/loader/loader.conf", "/boot/efi/loader/entries/*.conf"],
 }
 PANIC, HANG = "init=/bin/false", "init=/bin/sh"
+# One bad case per image in CI (each costs a trial boot of minutes under TCG): panic= and the
+# initramfs's watchdog work the same under both loaders; what differs, the one-shot being spent
+# and the default booted after it, both cases show. All six were run by hand (the closing notes).
+CASES = {"grub": "hang", "systemd-boot": "panic"}
 
 
 def labhost(*args: str) -> None:
@@ -95,8 +99,8 @@ def timed(name: str, fn):
 
 @pytest.mark.parametrize(("case", "argument"), [("panic", PANIC), ("hang", HANG)])
 def test_a_bad_argument_comes_back_by_itself_on_the_old_arguments(host, converge, loader, case, argument):
-    if case == "hang" and loader != "grub":
-        pytest.skip("the watchdog is armed by the trial's initramfs, the same under both loaders: hung on GRUB only")
+    if CASES[loader] != case:
+        pytest.skip(f"{case} is shown on the other image (CI time): {CASES}")
     before, booted = default_digest(host, loader), boot_id(host)
     bmc, guest_wdt = resets(RESET_BY_LAB), resets(RESET_BY_GUEST)
     offset = len(console())
@@ -124,8 +128,8 @@ def test_a_bad_argument_comes_back_by_itself_on_the_old_arguments(host, converge
     assert record["status"] == "failed" and argument in record["added"]
 
 
-@pytest.mark.parametrize("argument", [PANIC])
-def test_the_failed_arguments_are_not_tried_again(host, converge, loader, argument):
+def test_the_failed_arguments_are_not_tried_again(host, converge, loader):
+    argument = PANIC if CASES[loader] == "panic" else HANG
     booted = boot_id(host)
     run = converge({"iommu_host_extra_args": [argument]})
     assert run.failures and any("retry_failed" in m for m in run.failed_msgs), run.output
@@ -133,10 +137,13 @@ def test_the_failed_arguments_are_not_tried_again(host, converge, loader, argume
 
 
 def test_a_good_change_is_tried_then_committed(host, converge, loader):
-    """On GRUB the run is killed 3 s into the module call (while it builds the trial initramfs: the
-    case where a handler's notification died with the controller) and run again (issue #14)."""
-    booted = boot_id(host)
+    """On systemd-boot the run is killed 3 s into the module call (while it builds the trial
+    initramfs: where a handler's notification died with the controller) and run again (issue #14);
+    molecule/lab converges GRUB's uninterrupted."""
     if loader == "grub":
+        pytest.skip("molecule/lab converges the GRUB image, uninterrupted, and reboots it")
+    booted = boot_id(host)
+    if loader != "grub":
         assert converge_killed_in("Turn the IOMMU on at boot"), "the run ended before the module call"
         assert boot_id(host) == booted  # killed before its reboot
     run = timed(f"{loader} good (trial + commit)", lambda: converge())
