@@ -55,14 +55,17 @@ def _result_msgs(result: dict) -> list[str]:
     return msgs
 
 
-def run_converge(hostname: str, extra_vars: dict | None = None, check: bool = False) -> PlaybookRun:
-    """Run this scenario's converge.yml on one instance; return what it did."""
+def run_converge(
+    hostname: str, extra_vars: dict | None = None, check: bool = False, inventory: str | None = None
+) -> PlaybookRun:
+    """Run this scenario's converge.yml on one instance; return what it did. ``inventory``: the
+    scenario's inventory file by default (the lab scenarios give their linked inventory's folder)."""
     scenario = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
     playbook_bin = Path(sys.executable).with_name("ansible-playbook")
     cmd = [
         str(playbook_bin if playbook_bin.exists() else "ansible-playbook"),
         "-i",
-        os.environ["MOLECULE_INVENTORY_FILE"],
+        inventory or os.environ["MOLECULE_INVENTORY_FILE"],
         "--limit",
         hostname,
         str(scenario / "converge.yml"),

@@ -14,6 +14,7 @@ The timings are printed (molecule runs this file with -s) and go in the closing 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,6 +30,13 @@ sys.path.insert(0, str(REPO))
 from labhost.boot import RESET_BY_GUEST, RESET_BY_LAB  # noqa: E402
 from labhost.common import lab_dir  # noqa: E402
 
+# molecule/conftest.py's runner (the folder's name is the molecule package's: loaded by path).
+_spec = importlib.util.spec_from_file_location("gpuprov_molecule_conftest", REPO / "molecule" / "conftest.py")
+assert _spec is not None and _spec.loader is not None
+_conftest = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_conftest)
+run_converge = _conftest.run_converge
+
 RUN = lab_dir() / "run"
 TIMINGS: dict[str, float] = {}
 # The files that make the default boot, per bootloader: byte for byte the same after a failed trial.
@@ -41,6 +49,14 @@ PANIC, HANG = "init=/bin/false", "init=/bin/sh"
 # initramfs's watchdog work the same under both loaders; what differs, the one-shot being spent
 # and the default booted after it, both cases show. All six were run by hand (the closing notes).
 CASES = {"grub": "hang", "systemd-boot": "panic"}
+
+
+@pytest.fixture
+def converge(hostname):
+    """converge(extra_vars=None) on the lab host, with the scenario's linked inventory (its folder:
+    inventories/lab's hosts, group_vars and host_vars), as molecule/lab's tests run Ansible."""
+    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
+    return lambda extra_vars=None: run_converge(hostname, extra_vars, inventory=inventory)
 
 
 def labhost(*args: str) -> None:
@@ -190,7 +206,7 @@ def test_the_next_reboot_keeps_it(host, converge, loader):
 def converge_killed_in(task: str, after: float = 3.0) -> bool:
     """Run converge.yml and SIGKILL the controller's whole process group ``after`` seconds into
     ``task``; False when the run ended without reaching it."""
-    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
     scenario = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
     cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", inventory, str(scenario / "converge.yml")]
     env = dict(
