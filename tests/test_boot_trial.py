@@ -402,3 +402,22 @@ def test_a_stale_trial_initramfs_never_replaces_the_default(tmp_path: Path) -> N
     assert p.stage == "converged"
     assert ["rm", "-f", f"/boot/initrd.img-{KVER}.gpuprov-trial"] in commands(p)
     assert not any(argv[0] == "mv" for argv in commands(p))
+
+
+def test_a_menu_left_behind_its_configuration_is_regenerated(tmp_path: Path) -> None:
+    """Killed between editing /etc/default/grub and update-grub: the configuration has the
+    arguments, the menu GRUB boots does not; the next run regenerates it (from the host's state)."""
+    debian(tmp_path)
+    (tmp_path / "etc/default/grub").write_text(
+        GRUB_DEFAULT.replace("quiet intel_iommu=off", "quiet intel_iommu=on iommu=pt")
+    )
+    inputs = gather_boot_inputs(Sysfs(str(tmp_path)), [], [])
+    inputs.boot.live = True
+    p = plan_boot(inputs, BootRequest(reboot_allowed=True))
+    assert p.stage == "converged" and ["update-grub"] in commands(p)
+    assert any("lacks the arguments" in a.why for a in p.actions)
+    cfg = (tmp_path / "boot/grub/grub.cfg").read_text().replace("intel_iommu=off", "intel_iommu=on iommu=pt")
+    (tmp_path / "boot/grub/grub.cfg").write_text(cfg)
+    inputs = gather_boot_inputs(Sysfs(str(tmp_path)), [], [])
+    inputs.boot.live = True
+    assert ["update-grub"] not in commands(plan_boot(inputs, BootRequest(reboot_allowed=True)))

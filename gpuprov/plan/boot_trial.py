@@ -426,6 +426,7 @@ def plan_boot(inputs: BootInputs, request: BootRequest) -> BootPlan:
         # The default has the arguments: the files and initramfs are brought in line directly,
         # and a reboot is owed only when the running kernel lacks them.
         plan.actions = load_actions + input_actions + _rebuild_initramfs(boot, input_actions)
+        plan.actions += _regenerate_menu(inputs, add, default)
         plan.actions += _forget_trial(inputs, committed=True)
         plan.reboot_required = not running_has
         plan.reboot = "plain" if plan.reboot_required else "none"
@@ -442,6 +443,22 @@ def plan_boot(inputs: BootInputs, request: BootRequest) -> BootPlan:
             )
         return plan
     return _plan_trial(inputs, request, plan, default, load_actions, input_actions)
+
+
+def _regenerate_menu(inputs: BootInputs, add: list[str], default: CmdlinePlan) -> list[Action]:
+    """The menu regenerated when the default's configuration has the arguments but the entry the
+    bootloader boots does not (a run killed between the two): the boot entry is what counts."""
+    boot = inputs.boot
+    if boot.loader not in ("grub", "systemd-boot") or not boot.live:
+        return []
+    entry, _problem = _default_entry(boot, inputs)
+    if entry is None or not reboot_owed(" ".join(entry.args), CmdlineRequest(add=add)):
+        return []
+    why = "the default boot entry lacks the arguments its configuration has"
+    if boot.loader == "systemd-boot":
+        return [Action(COMMAND, why, argv=_sdboot_refresh(boot).argv)]
+    grub = inputs.grub
+    return [Action(COMMAND, why, argv=(grub.update_argv if grub else None) or ["update-grub"])]
 
 
 def _rebuild_initramfs(boot: BootloaderFacts, input_actions: list[Action]) -> list[Action]:
