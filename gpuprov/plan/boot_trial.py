@@ -612,8 +612,8 @@ def _plan_trial(
         tool = "bootctl" if boot.loader == "systemd-boot" else "grub-reboot or grub2-reboot"
         problem = f"no tool to set a one-shot boot ({tool})"
     entry, entry_problem = _default_entry(boot, inputs)
-    problem = problem or entry_problem
-    if problem:
+    problem = problem or entry_problem or ("no default boot entry" if entry is None else None)
+    if problem or entry is None:
         plan.stage = "refused"
         plan.refusals.append(
             Refusal(
@@ -623,7 +623,6 @@ def _plan_trial(
             )
         )
         return plan
-    assert entry is not None
     tid = trial_id(kernel_split(default.args_after or ""), request.vfio_modules)
     plan.trial_id = tid
     state, boot_id = boot.state, boot.boot_id
