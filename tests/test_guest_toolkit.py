@@ -481,7 +481,10 @@ def test_module_check_mode_shows_every_action_and_writes_nothing(tmp_path: Path,
     assert not result["failed"], result.get("msg")
     assert result["changed"] is True  # its files would be written (its commands would not run here)
     assert len(result["plan"]) == 7 and result["installs"] == ["docker.io", "nvidia-container-toolkit"]
-    assert [d["after_header"] for d in result["diff"]] == [f"{tmp_path}/{KEYRING}", f"{tmp_path}/{APT_SOURCE}"]
+    # --diff shows every action: the two files, and the commands under "command (run now)".
+    headers = [d["after_header"] for d in result["diff"]]
+    assert headers[:2] == [f"{tmp_path}/{KEYRING}", f"{tmp_path}/{APT_SOURCE}"]
+    assert len(headers) == 7 and all(h.startswith("command (run now)") for h in headers[2:]), headers
     assert tree_digest(tmp_path) == before
 
 
