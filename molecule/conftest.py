@@ -56,7 +56,11 @@ def _result_msgs(result: dict) -> list[str]:
 
 
 def run_converge(
-    hostname: str, extra_vars: dict | None = None, check: bool = False, inventory: str | None = None
+    hostname: str,
+    extra_vars: dict | None = None,
+    check: bool = False,
+    inventory: str | None = None,
+    timeout: float = 600,
 ) -> PlaybookRun:
     """Run this scenario's converge.yml on one instance; return what it did. ``inventory``: the
     scenario's inventory file by default (the lab scenarios give their linked inventory's folder)."""
@@ -75,7 +79,7 @@ def run_converge(
     if check:
         cmd += ["--check", "--diff"]
     env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     output = f"$ {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
     try:
         data = json.loads(proc.stdout[proc.stdout.index("{") :])

@@ -56,7 +56,8 @@ def converge(hostname):
     """converge(extra_vars=None) on the lab host, with the scenario's linked inventory (its folder:
     inventories/lab's hosts, group_vars and host_vars), as molecule/lab's tests run Ansible."""
     inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
-    return lambda extra_vars=None: run_converge(hostname, extra_vars, inventory=inventory)
+    # A failed trial is two boots and a watchdog's wait under TCG: up to ten minutes on a busy machine.
+    return lambda extra_vars=None: run_converge(hostname, extra_vars, inventory=inventory, timeout=1800)
 
 
 def labhost(*args: str) -> None:
