@@ -421,3 +421,26 @@ def test_a_menu_left_behind_its_configuration_is_regenerated(tmp_path: Path) -> 
     inputs = gather_boot_inputs(Sysfs(str(tmp_path)), [], [])
     inputs.boot.live = True
     assert ["update-grub"] not in commands(plan_boot(inputs, BootRequest(reboot_allowed=True)))
+
+
+def test_values_read_from_the_host_or_options_never_reach_a_script_or_path_unchecked(tmp_path: Path) -> None:
+    """A watchdog module name from a broken host's sysfs is not written into the initramfs script;
+    an expect_vfio item that is no PCI address is refused; a trial initramfs is built in /boot only."""
+    fake = debian(tmp_path)
+    (tmp_path / "sys/bus/pci/drivers/i6300esb/module").unlink()
+    fake.link("sys/bus/pci/drivers/i6300esb/module", "sys/module/x;reboot")
+    (tmp_path / "sys/module/x;reboot").mkdir(parents=True)
+    p = plan(tmp_path)
+    assert p.stage == "armed" and not any("reboot" in str(a.content) for a in p.actions if a.path == TRIAL_SCRIPT)
+    assert any("no hardware watchdog" in w for w in p.warnings)
+    bad = plan(tmp_path, expect_vfio=["../../etc"])
+    assert bad.stage == "refused" and "not a full PCI address" in bad.refusals[0].message
+    cfg = (
+        (tmp_path / "boot/grub/grub.cfg")
+        .read_text()
+        .replace(f"initrd\t/boot/initrd.img-{KVER}", "initrd\t/../../etc/x", 1)
+    )
+    (tmp_path / "boot/grub/grub.cfg").write_text(cfg)
+    # GRUB: the trial initramfs is built in /boot whatever the entry names (its file name only).
+    built = [argv for argv in commands(plan(tmp_path)) if argv[0] == "mkinitramfs"]
+    assert built and all(argv[2].startswith("/boot/") and ".." not in argv[2] for argv in built)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from .boot import BootFacts, grubby_info
 from .boot import gather as gather_grub
 from .iommu import IommuState, read_iommu
+from .pci import PCI_ADDRESS_RE
 from .sysfs import Sysfs
 
 GRUB_CFG = "boot/grub/grub.cfg"
@@ -39,6 +40,9 @@ DRACUT_CONF = "etc/dracut.conf.d/gpuprov-iommu.conf"
 TRIAL_HOOK = "etc/initramfs-tools/hooks/gpuprov-trial"
 TRIAL_SCRIPT = "etc/initramfs-tools/scripts/init-top/gpuprov-trial"
 MAX_STATE = 64 * 1024
+# A kernel module's name: what may be written into the trial's initramfs scripts and its kernel line
+# (a name read from a host's sysfs is no exception: a broken host's link can hold anything).
+MODULE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 TRIAL_ARG = "gpuprov.trial"  # on the trial boot's kernel command line: gpuprov.trial=ID
 TRIAL_ENTRY = "gpuprov-trial"  # the trial boot entry's id (GRUB) and file name (BLS, without .conf)
 
@@ -241,7 +245,7 @@ def gather_bootloader(sysfs: Sysfs, managed: tuple[str, ...] = INITRAMFS_INPUTS)
             facts.config_mtimes[rel] = mtime
     for wdt in sorted(sysfs.listdir("sys/class/watchdog"))[:16]:
         module = sysfs.link_name(f"sys/class/watchdog/{wdt}/device/driver/module")
-        if module and module not in facts.watchdogs:
+        if module and MODULE_NAME.match(module) and module not in facts.watchdogs:
             facts.watchdogs.append(module)
     if facts.loader == "systemd-boot":
         oneshot = efi_string(sysfs.read_bytes(f"{EFIVARS}/LoaderEntryOneShot-{LOADER_GUID}"))
@@ -294,8 +298,9 @@ def gather_boot_inputs(sysfs: Sysfs, expect_vfio: list[str], trial_check: list[s
         inputs.present.add(trial_initrd)
     if f"{TRIAL_ARG}=" in boot.proc_cmdline:
         inputs.checks = TrialChecks(iommu=iommu)
-        for address in expect_vfio:
-            inputs.checks.drivers[address] = sysfs.link_name(f"sys/bus/pci/devices/{address}/driver")
+        for address in expect_vfio:  # a malformed address is refused by the planner, never read
+            if PCI_ADDRESS_RE.match(address):
+                inputs.checks.drivers[address] = sysfs.link_name(f"sys/bus/pci/devices/{address}/driver")
         if trial_check and sysfs.live:
             inputs.checks.user_check = run_trial_check(trial_check)
     return inputs

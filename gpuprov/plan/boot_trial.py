@@ -33,6 +33,7 @@ from ..facts.bootloader import (
     GRUB_CUSTOM,
     INITRAMFS_MODULES,
     KERNEL_CMDLINE,
+    MODULE_NAME,
     MODULES_LOAD,
     TRIAL_ARG,
     TRIAL_ENTRY,
@@ -48,6 +49,7 @@ from ..facts.bootloader import (
     TrialChecks,
 )
 from ..facts.iommu import kernel_param, kernel_split, parse_cmdline
+from ..facts.pci import PCI_ADDRESS_RE
 from .base import COMMAND, REMOVE_FILE, Action, Refusal, file_action, sysfs_write
 from .cmdline import (
     MAX_LINE,
@@ -98,7 +100,6 @@ WATCHDOG_TIMEOUT = {
     "wdat_wdt": ("timeout", 1),
     "ipmi_watchdog": ("timeout", 1),
 }
-_MODULE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 
 
 @dataclass
@@ -139,8 +140,13 @@ def request_problems(request: BootRequest) -> list[Refusal]:
         if problem:
             refusals.append(Refusal(f"extra_args: {show(str(arg))} {problem[0]}", problem[1]))
     for name in [*request.vfio_modules, *([request.watchdog_module] if request.watchdog_module else [])]:
-        if not isinstance(name, str) or not _MODULE_NAME.match(name):
+        if not isinstance(name, str) or not MODULE_NAME.match(name):
             refusals.append(Refusal(f"{show(str(name))} is not a kernel module name", "use names like vfio_pci"))
+    for address in request.expect_vfio:
+        if not isinstance(address, str) or not PCI_ADDRESS_RE.match(address):
+            refusals.append(
+                Refusal(f"expect_vfio: {show(str(address))} is not a full PCI address", "write it as 0000:01:00.0")
+            )
     if not 1 <= request.panic_seconds <= 3600:
         refusals.append(Refusal(f"panic_seconds {request.panic_seconds} is out of range", "give 1 to 3600"))
     if not 60 <= request.watchdog_seconds <= 7200:
@@ -709,6 +715,18 @@ def _arm(
     if rearm and state is not None and trial_initrd_of(state) in inputs.present:
         owed_initramfs = owed_initramfs or "built for this trial"  # the trial entry keeps naming it
     trial_initrd, trial_initrd_rel = _trial_paths(boot, entry) if owed_initramfs else (None, None)
+    if trial_initrd_rel is not None and trial_initrd_of({"trial_initrd": trial_initrd_rel}) is None:
+        # The entry's initrd path is read from the host: built, moved or removed only where the
+        # trial record's own check would allow it later.
+        plan.stage = "refused"
+        plan.refusals.append(
+            Refusal(
+                f"the default entry names its initramfs {show(entry.initrd or '')}, not a path gpuprov "
+                "builds a trial initramfs beside",
+                f"set trial: false; see {DOC}",
+            )
+        )
+        return plan
     built = rearm and trial_initrd_rel is not None and trial_initrd_rel in inputs.present
     extra = [f"panic={request.panic_seconds}", f"{TRIAL_ARG}={tid}", *watchdog_args(wdt, request.watchdog_seconds)]
     before, after = kernel_split(default.args_before or ""), kernel_split(default.args_after or "")
