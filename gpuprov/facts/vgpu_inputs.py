@@ -53,9 +53,8 @@ class HostInputs:
 
 
 def read_text(sysfs: Sysfs, rel: str) -> str | None:
-    """A managed file's exact text (not stripped), None when absent."""
-    raw = sysfs.read_bytes(rel)
-    return None if raw is None else raw.decode("utf-8", "replace")
+    """A managed file's exact text (not stripped), None when absent (:meth:`Sysfs.read_text`)."""
+    return sysfs.read_text(rel)
 
 
 def _mdevctl_rule(sysfs: Sysfs) -> tuple[str, str] | None:

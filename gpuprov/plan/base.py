@@ -141,9 +141,8 @@ def file_action(path: str, content: str | None, before: str | None, why: str, mo
 
 
 def read_text(sysfs: Sysfs, rel: str) -> str | None:
-    """A managed file's exact text (not stripped), None when absent."""
-    raw = sysfs.read_bytes(rel)
-    return None if raw is None else raw.decode("utf-8", "replace")
+    """A managed file's exact text (not stripped), None when absent (:meth:`Sysfs.read_text`)."""
+    return sysfs.read_text(rel)
 
 
 @dataclass
