@@ -81,8 +81,9 @@ CONVERGE_PLAY = [
 
 # "h7   : ok=4    changed=0    unreachable=0    failed=0 ..." (the default callback's recap)
 RECAP_RE = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
-# profile_tasks' recap: "gpu_host_facts ------------------------ 1.62s"
-PROFILE_RE = re.compile(r"^(.+?) -{3,} (\d+(?:\.\d+)?)s$", re.M)
+# profile_tasks' recap: "gpu_host_facts ------------------------ 1.62s". The dashes pad the name
+# and the time to fixed widths: a long name with a time of 10 s or more gets only "-- 12.35s".
+PROFILE_RE = re.compile(r"^(.+?) -+ (\d+(?:\.\d+)?)s$", re.M)
 
 
 @dataclass

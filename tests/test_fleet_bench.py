@@ -124,3 +124,11 @@ def test_a_tiny_real_run_prints_the_table_and_changes_nothing() -> None:
     assert float(two[2]) > 0 and float(two[3]) > 0 and two[7] != "-"  # timed, and projected
     assert "no-op runs: changed=0 " in proc.stdout
     assert "NOT A NO-OP" not in proc.stdout
+
+
+def test_profile_keeps_long_tasks_of_ten_seconds_or_more() -> None:
+    # profile_tasks pads name and time to fixed widths: a long name that took 10 s or more is
+    # followed by two dashes only (a bench once lost 43 s of a run's tasks this way).
+    name = "gpuprov.kvm.gpu_vms : Bring each VM to its state (the whole list is checked against the host first)"
+    text = f"TASKS RECAP ***\n{name} -- 12.35s\nshort --------------------- 1.00s\n"
+    assert fleet.task_profile(text) == [(name, 12.35), ("short", 1.0)]
