@@ -29,6 +29,7 @@ from .plan.seed import ISO_TOOLS
 from .plan.vm import VmOptions, VmPlan, plan_vm, vm_paths
 from .plan.vm_fit import plan_host
 from .plan.vm_spec import VmSpec
+from .verify.console import ConsoleCheck, check_console
 
 
 def find_iso_tool(which: Any) -> str | None:
@@ -107,6 +108,7 @@ def finish_vm(
     *,
     shutdown_timeout: float = 180,
     wait_address: float = 0,
+    console_checks: list[ConsoleCheck] | None = None,
     **extra: Any,
 ) -> None:
     """Exit the module ``gpu_vm``: refuse, report (check mode) or carry out ``plan``.
@@ -115,7 +117,8 @@ def finish_vm(
     then sysfs writes, then libvirt, then storage clean-up. Files are written below
     ``root``; commands and sysfs writes run only when ``root`` is ``/``, libvirt ops
     only with a connection (``conn`` None: not consulted, see :func:`consults_libvirt`);
-    the rest is reported in ``not_run``. ``module`` is an ``AnsibleModule``.
+    the rest is reported in ``not_run``. Then, on a running domain, the ``console_checks`` of its
+    serial log (:mod:`gpuprov.verify.console`; not in check mode). ``module`` is an ``AnsibleModule``.
     """
     result: dict[str, Any] = {
         "changed": False,
@@ -181,5 +184,13 @@ def finish_vm(
                 msg=f"domain {plan.name} got no address on its network within {wait_address:.0f}s "
                 f"(MAC {plan.mac}); see its serial log {plan.paths.get('serial_log')}",
                 **failed_result(result),
+            )
+    log = plan.paths.get("serial_log")
+    if console_checks and extra.get("state") == "running" and log and conn is not None:
+        console = check_console(Sysfs(root), log, console_checks)
+        result["console"] = console.as_dict()
+        if console.problems:
+            module.fail_json(
+                msg=f"domain {plan.name}'s serial console: " + "; ".join(console.problems), **failed_result(result)
             )
     module.exit_json(**result)

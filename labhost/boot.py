@@ -124,7 +124,8 @@ def qemu_argv(lab: Path, image: Path, port: int, loader: str = DEFAULT_LOADER) -
         "-netdev",
         f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
         "-chardev",
-        f"file,id=ser0,path={run / 'console.log'}",
+        # append: a power cycle of the lab's BMC (a new QEMU) keeps the log; `up` empties it.
+        f"file,id=ser0,path={run / 'console.log'},append=on",
         "-serial",
         "chardev:ser0",
         "-qmp",
@@ -224,14 +225,10 @@ def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float, loader:
         shutil.copy(OVMF_VARS, run / "OVMF_VARS.fd")
     info = json.loads((image / "info.json").read_text())
     (lab / "known_hosts").write_text(f"[127.0.0.1]:{port} {info['host_key']}\n")
-    for stale in ("qemu.pid", "qmp.sock", QMP_EVENTS):
-        with suppress(FileNotFoundError):
-            (run / stale).unlink()
     argv = qemu_argv(lab, image, port, loader)
     (run / "qemu.argv").write_text(json.dumps(argv) + "\n")
-    r = subprocess.run(argv, capture_output=True, text=True, cwd=run, check=False)
-    if r.returncode:
-        raise LabError(f"QEMU did not start: {r.stderr.strip()}")
+    (run / "console.log").write_bytes(b"")
+    start_qemu(lab)
     state = {"key": image.name, "loader": loader, "port": port, "started": time.time(), "image": str(image)}
     (run / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     pid = qemu_pid(lab)
@@ -244,6 +241,33 @@ def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float, loader:
     if extra:
         say(f"inventories/lab assumes ~/.cache/gpuprov/lab and port {DEFAULT_PORT}: add {overrides_option(extra)}")
     return 0
+
+
+def start_qemu(lab: Path) -> None:
+    """Start QEMU (it daemonizes) from run/qemu.argv, as `up` wrote it."""
+    run = run_dir(lab)
+    for stale in ("qemu.pid", "qmp.sock", QMP_EVENTS):
+        with suppress(FileNotFoundError):
+            (run / stale).unlink()
+    argv = json.loads((run / "qemu.argv").read_text())
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=run, check=False)
+    if r.returncode:
+        raise LabError(f"QEMU did not start: {r.stderr.strip()}")
+
+
+def power_cycle(lab: Path, pid: int) -> int | None:
+    """Power the lab host off and on: QEMU quit (killed if it does not) and started again on the
+    same disks and firmware variables; the new QEMU's pid, None if it did not start."""
+    qmp(lab, "quit")
+    if not wait_gone(pid, 10):
+        with suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        wait_gone(pid, 10)
+    try:
+        start_qemu(lab)
+    except LabError:
+        return None
+    return qemu_pid(lab)
 
 
 def qmp(lab: Path, *commands: str) -> None:
@@ -262,10 +286,14 @@ def qmp(lab: Path, *commands: str) -> None:
 
 # The console lines that start a boot (the firmware handing over to the boot loader, or
 # the kernel restarting the machine) and the one that ends it (getty on ttyS0).
-BOOT_STARTS = ("BdsDxe: starting", "reboot: Restarting system")
+FIRMWARE_STARTS = "BdsDxe: starting"  # OVMF hands over to GRUB or systemd-boot
+# Linux restarting the machine: a reboot, or a panic's (panic=N) "Rebooting in N seconds..".
+RESTARTING = ("reboot: Restarting system", "Rebooting in ")
+BOOT_STARTS = (FIRMWARE_STARTS, *RESTARTING)
 BOOT_DONE = f"{HOSTNAME} login:"
 WATCHDOG_LIMIT = 240  # seconds from a boot's start to its login prompt (about 30 s normally)
 WATCHDOG_TRIES = 3  # resets in a row without a finished boot before the watchdog gives up
+FIRMWARE_LIMIT = 120  # seconds from a reset to the firmware's hand-over (about 10 s normally)
 # Who reset the machine, first word of each run/watchdog.log line after the time stamp:
 # labhost's BMC-like boot watchdog (below) or a hardware watchdog of the guest's own (QEMU's
 # WATCHDOG event: the i6300esb, or q35's ICH9 TCO, which Linux's iTCO_wdt drives).
@@ -317,12 +345,17 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
 
     Debian's kernel under TCG now and then hangs early in boot (both vCPUs spinning
     with interrupts off, around the switch to the TSC clocksource, about one boot in
-    thirty); a real host's BMC watchdog would reset it, and so does this. Each
+    thirty); a real host's BMC watchdog would reset it, and so does this. OVMF under TCG
+    now and then spins after a reset of the machine, before it prints anything (seen after
+    Linux's "reboot: Restarting system"), and a reset does not end that: a reset (Linux's,
+    the guest's watchdog's or this one's) not followed by the firmware's hand-over within
+    FIRMWARE_LIMIT is followed by a power cycle (:func:`power_cycle`, a new QEMU). Each
     reset is logged in run/watchdog.log (``python -m labhost status`` shows them), and so
     is each reset by the guest's own i6300esb (QMP WATCHDOG events): RESET_BY_LAB and
     RESET_BY_GUEST tell them apart. Runs until QEMU exits."""
     console, log = run_dir(lab) / "console.log", run_dir(lab) / "watchdog.log"
     offset, started, tries = 0, time.monotonic(), 0
+    reset_at: float | None = None  # a reset that the firmware has not answered yet
     events, pending = qmp_events_connect(lab), b""
 
     def note(text: str) -> None:
@@ -340,6 +373,7 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
             got, pending = qmp_events(pending)
             for line in filter(None, map(guest_watchdog_line, got)):
                 note(line)
+                reset_at = time.monotonic()
         try:
             with open(console, "rb") as f:
                 f.seek(offset)
@@ -347,6 +381,22 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
                 offset = f.tell()
         except OSError:
             text = ""
+        restarting, firmware = max(text.rfind(m) for m in RESTARTING), text.rfind(FIRMWARE_STARTS)
+        if restarting > firmware:
+            reset_at = time.monotonic()
+        elif firmware >= 0:
+            reset_at = None
+        if reset_at is not None and time.monotonic() - reset_at > FIRMWARE_LIMIT:
+            note(f"{RESET_BY_LAB} no firmware output {FIRMWARE_LIMIT} s after a reset: power cycle (QEMU restarted)")
+            new = power_cycle(lab, pid)
+            if new is None:
+                note(f"{RESET_BY_LAB} QEMU did not start again: giving up")
+                return
+            if events is not None:
+                events.close()
+            pid, events, pending = new, qmp_events_connect(lab), b""
+            reset_at, started = None, time.monotonic()
+            continue
         last_start = max(text.rfind(m) for m in BOOT_STARTS)
         last_done = text.rfind(BOOT_DONE)
         if last_done > last_start:
@@ -360,7 +410,7 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
                 return
             note(f"{RESET_BY_LAB} no login prompt {limit:.0f} s after the boot started: system_reset")
             qmp(lab, "system_reset")
-            started = time.monotonic()
+            started = reset_at = time.monotonic()
 
 
 def start_watchdog(lab: Path, pid: int) -> None:

@@ -110,7 +110,8 @@ def test_console_checks_run_only_where_asked_and_the_lab_asks() -> None:
     defaults = yaml.safe_load((REPO / "roles/gpu_vms/defaults/main.yml").read_text())
     lab = yaml.safe_load((REPO / "inventories/lab/host_vars/lab-gpu-host.yml").read_text())
     assert defaults["gpu_vms_check_consoles"] is False and lab["gpu_vms_check_consoles"] is True
-    include = next(
-        t for t in yaml.safe_load((REPO / "roles/gpu_vms/tasks/main.yml").read_text()) if "console.yml" in str(t)
-    )
-    assert "gpu_vms_check_consoles | bool" in include["when"]
+    tasks = yaml.safe_load((REPO / "roles/gpu_vms/tasks/main.yml").read_text())
+    (vm_task,) = [t for t in tasks if "gpuprov.kvm.gpu_vm" in t]
+    # In the VM's own module run (no wait_for/slurp tasks of their own), and only when asked.
+    assert "gpu_vms_check_consoles | bool" in vm_task["gpuprov.kvm.gpu_vm"]["console_checks"]
+    assert not any("wait_for" in t or "slurp" in str(t) or "include_tasks" in t for t in tasks if "serial" in str(t))

@@ -27,6 +27,7 @@ from typing import Any
 from ..plan.base import Plan, Refusal
 from ..plan.vgpu import SCHEDULERS, USES, parse_gpus
 from ..plan.vm_spec import STATES, VM_KEYS, HostSettings
+from ..verify.console import ConsoleCheck
 from .validate import (
     MAX_GPUS,
     MAX_SECONDS,
@@ -98,6 +99,7 @@ class GpuVmInput:
     vm_list: list[dict[str, Any]]
     settings: HostSettings
     declared: dict[str, dict[str, str]] | None = None  # the host model's address -> {use, entry}
+    console_checks: list[ConsoleCheck] = field(default_factory=list)
 
 
 def _vm_list(
@@ -191,6 +193,7 @@ def validate_gpu_vm_options(
     )
     check_settings(settings, p, {})
     declared = _declared(p, params.get("declared"))
+    console_checks = _console_checks(p, params.get("console_checks") or [])
     if vm is None:
         return None, p.items
     merged = merge_defaults(defaults, vm)
@@ -204,10 +207,62 @@ def validate_gpu_vm_options(
     vm_list = [merged if entry.get("name") == spec.name else entry for entry in host_vms]
     if not any(entry.get("name") == spec.name for entry in host_vms):
         vm_list.append(merged)
+    listed = {entry.get("name") for entry in vm_list}
+    for i, (name, _check) in enumerate(console_checks):
+        if name is not None and name not in listed:
+            p.add(f"console_checks[{i}].vm", f"{shown(name)} is not a VM of host_vms", "name a listed VM in `vm`")
+    if p:
+        return None, p.items
     return (
-        GpuVmInput(name=spec.name, state=spec.state, vm=merged, vm_list=vm_list, settings=settings, declared=declared),
+        GpuVmInput(
+            name=spec.name,
+            state=spec.state,
+            vm=merged,
+            vm_list=vm_list,
+            settings=settings,
+            declared=declared,
+            console_checks=[check for name, check in console_checks if name in (None, spec.name)],
+        ),
         [],
     )
+
+
+CONSOLE_CHECK_KEYS = ("vm", "wait_for", "timeout", "expect")
+MAX_CONSOLE_CHECKS = 16
+MAX_CONSOLE_PATTERNS = 64
+MAX_PATTERN = 1024
+
+
+def _pattern(p: Problems, path: str, value: Any, flags: int = 0) -> re.Pattern[str] | None:
+    raw = text(p, path, value, max_len=MAX_PATTERN, rule="a Python regular expression")
+    if raw is None:
+        return None
+    try:
+        return re.compile(raw, flags)
+    except re.error as exc:
+        p.add(path, f"{shown(raw)} is not a regular expression ({exc})", "give a Python regular expression")
+        return None
+
+
+def _console_checks(p: Problems, value: Any) -> list[tuple[str | None, ConsoleCheck]]:
+    """gpu_vm's ``console_checks``: [{vm, wait_for, timeout, expect}] -> (the VM named or None, the
+    check). Role gpu_vms passes gpu_vms_console_checks whole: each VM's run keeps its own."""
+    out: list[tuple[str | None, ConsoleCheck]] = []
+    for i, entry in enumerate(sequence(p, "console_checks", value, MAX_CONSOLE_CHECKS) or []):
+        where = f"console_checks[{i}]"
+        if mapping(p, where, entry, CONSOLE_CHECK_KEYS) is None:
+            continue
+        name = entry.get("vm")
+        if name is not None and text(p, f"{where}.vm", name, rule="the name of a VM of host_vms") is None:
+            continue
+        # As Ansible's wait_for and search, which the role used before: wait_for multiline, expect not.
+        wait_for = _pattern(p, f"{where}.wait_for", entry.get("wait_for"), re.M)
+        timeout = integer(p, f"{where}.timeout", entry.get("timeout", 600), 1, MAX_SECONDS, " seconds")
+        patterns = sequence(p, f"{where}.expect", entry.get("expect", []), MAX_CONSOLE_PATTERNS) or []
+        expect = [_pattern(p, f"{where}.expect[{j}]", item) for j, item in enumerate(patterns)]
+        if wait_for is not None and timeout is not None and None not in expect:
+            out.append((name, ConsoleCheck(wait_for, timeout, tuple(e for e in expect if e is not None))))
+    return out
 
 
 def _declared(p: Problems, value: Any) -> dict[str, dict[str, str]] | None:

@@ -234,6 +234,37 @@ options:
     description: Seconds an ACPI shutdown may take before the domain is powered off.
     type: int
     default: 180
+  console_checks:
+    description:
+      - Checks of the running domain's serial log (C(paths.serial_log)), read on the host after the domain is
+        at its state, in this module run; for guests with no network, or to check them from inside before SSH.
+        Read only; skipped in check mode and unless the state is C(running).
+      - Each waits until O(console_checks[].wait_for) matches the log, then matches every
+        O(console_checks[].expect) against it; a timeout or a pattern that does not match fails the task with the
+        end of the log. An absent or unreadable log matches nothing.
+      - Role gpu_vms passes C(gpu_vms_console_checks) whole, with C(gpu_vms_check_consoles).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      vm:
+        description:
+          - The VM the check is for; omitted, this one. An entry naming another VM of O(host_vms) is skipped here
+            (that VM's own run checks it); one naming no VM of the list is refused.
+        type: str
+      wait_for:
+        description: A Python regular expression to wait for in the log (searched in its first 16 MiB).
+        type: str
+        required: true
+      timeout:
+        description: Seconds to wait for it, 1 to 86400.
+        type: int
+        default: 600
+      expect:
+        description: Python regular expressions that must each match the log once it holds O(console_checks[].wait_for).
+        type: list
+        elements: str
+        default: []
   root:
     description:
       - The host's root for its facts (C(/) on a real host; a captured or staged root for dry runs).
@@ -322,6 +353,11 @@ guest:
   returned: when the guest got an address
   type: dict
   sample: {"name": "train-01", "address": "192.168.122.57", "addresses": ["192.168.122.57"], "user": "gpuadmin"}
+console:
+  description: The serial log checked with O(console_checks), the last 20 lines of it, and the problems found.
+  returned: when O(console_checks) ran
+  type: dict
+  sample: {"log": "/var/log/libvirt/qemu/lab-nested-serial.log", "tail": ["GPUPROV-NESTED-END"], "problems": []}
 guest_user:
   description: The user cloud-init creates in the guest (C(cloud_init.user)), for SSH; null without a seed.
   returned: success
@@ -391,6 +427,17 @@ def main() -> None:
             "declared": {"type": "dict"},
             "wait_for_address": {"type": "int", "default": 0},
             "shutdown_timeout": {"type": "int", "default": 180},
+            "console_checks": {
+                "type": "list",
+                "elements": "dict",
+                "default": [],
+                "options": {
+                    "vm": {"type": "str"},
+                    "wait_for": {"type": "str", "required": True},
+                    "timeout": {"type": "int", "default": 600},
+                    "expect": {"type": "list", "elements": "str", "default": []},
+                },
+            },
             "root": {"type": "path", "default": "/"},
         },
         supports_check_mode=True,
@@ -411,6 +458,7 @@ def main() -> None:
         root,
         shutdown_timeout=p["shutdown_timeout"],
         wait_address=p["wait_for_address"],
+        console_checks=given.console_checks,
         **vm_result(given.state, spec),
     )
 
