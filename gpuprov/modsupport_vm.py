@@ -8,6 +8,8 @@ Ships to targets with the modules (``module_utils``); standard library only.
 
 from __future__ import annotations
 
+import importlib
+import sys
 from typing import Any
 
 from .apply.libvirt import execute, wait_for_address
@@ -24,10 +26,11 @@ from .facts.libvirt import (
 from .facts.sysfs import Sysfs
 from .facts.vm_storage import StorageState, read_storage
 from .modsupport import failed_result, planned, warn_or_refuse
-from .plan.base import ApplyError, Plan, apply
+from .plan.base import Applied, ApplyError, Plan, apply
 from .plan.seed import ISO_TOOLS
 from .plan.vm import VmOptions, VmPlan, plan_vm, vm_paths
 from .plan.vm_fit import plan_host
+from .plan.vm_host import VmHostPlan, plan_vm_host, read_vm_host
 from .plan.vm_spec import VmSpec
 from .verify.console import ConsoleCheck, check_console
 
@@ -48,16 +51,43 @@ def consults_libvirt(root: str, uri: str) -> bool:
     return Sysfs(root).live or uri.startswith("test:///")
 
 
-def open_libvirt(module: Any, root: str, uri: str) -> Any:
-    """A libvirt connection when gpu_vm consults libvirt (:func:`consults_libvirt`), else None;
-    the module fails when the bindings are missing or the connection fails."""
-    if not consults_libvirt(root, uri):
+def plan_install(module: Any, root: str) -> VmHostPlan | None:
+    """With ``install``: what the host lacks to run VMs (:mod:`gpuprov.plan.vm_host`, the plan of
+    the module gpu_vm_host), planned in gpu_vm's own run (issue #14: one module call per concern)."""
+    p = module.params
+    if not p["install"]:
         return None
+    system_python = sys.executable.startswith("/usr/bin/")
+    return plan_vm_host(read_vm_host(Sysfs(root), p["packages"], system_python), p["packages"])
+
+
+def open_libvirt(module: Any, root: str, uri: str, install: VmHostPlan | None = None) -> tuple[Any, Applied]:
+    """A libvirt connection when gpu_vm consults libvirt (:func:`consults_libvirt`), else None, and
+    what was installed or started first (``install``'s actions; not in check mode). The module fails
+    when the bindings are missing or the connection fails, except in check mode before an install
+    that would bring them: then None, with a warning."""
+    applied = Applied()
+    if install is not None:
+        warn_or_refuse(module, install, {"plan": planned(install.describe(), module.check_mode), **install.result()})
+        if install.actions and not module.check_mode:
+            try:
+                applied = apply(Plan(actions=install.actions), root)
+            except ApplyError as exc:
+                module.fail_json(msg=str(exc), done=exc.applied.done)
+            importlib.invalidate_caches()  # the bindings may be new in this run
+    if not consults_libvirt(root, uri):
+        return None, applied
     try:
-        return connect(uri)
+        return connect(uri), applied
     except (LibvirtMissing, RuntimeError) as exc:
+        if module.check_mode and install is not None and install.actions:
+            module.warn(
+                f"libvirt is not ready ({exc}); the run would install or start it first: "
+                "the plan takes the domain as absent"
+            )
+            return None, applied
         module.fail_json(msg=str(exc))
-    return None
+    return None, applied
 
 
 def plan_gpu_vm(module: Any, facts: HostFacts, given: Any, conn: Any) -> tuple[VmPlan, VmSpec | None]:
@@ -83,7 +113,7 @@ def plan_gpu_vm(module: Any, facts: HostFacts, given: Any, conn: Any) -> tuple[V
     )
     others = other_assignments(conn, given.name) if conn is not None and given.state != "absent" else {}
     plan = plan_vm(facts, host, given.name, live if live.exists else LiveDomain(), others, storage, opts)
-    if conn is None:
+    if conn is None and not consults_libvirt(root, p["uri"]):
         plan.warnings.append(
             f"root is {root}, not /: libvirt ({p['uri']}) was not consulted and nothing is run on this machine; "
             "the plan takes the domain as absent and its network as active (see not_run)"
@@ -109,6 +139,8 @@ def finish_vm(
     shutdown_timeout: float = 180,
     wait_address: float = 0,
     console_checks: list[ConsoleCheck] | None = None,
+    install: VmHostPlan | None = None,
+    installed: Applied | None = None,
     **extra: Any,
 ) -> None:
     """Exit the module ``gpu_vm``: refuse, report (check mode) or carry out ``plan``.
@@ -118,11 +150,13 @@ def finish_vm(
     ``root``; commands and sysfs writes run only when ``root`` is ``/``, libvirt ops
     only with a connection (``conn`` None: not consulted, see :func:`consults_libvirt`);
     the rest is reported in ``not_run``. Then, on a running domain, the ``console_checks`` of its
-    serial log (:mod:`gpuprov.verify.console`; not in check mode). ``module`` is an ``AnsibleModule``.
+    serial log (:mod:`gpuprov.verify.console`; not in check mode). ``install``: the host's install
+    plan, carried out before (``installed``, :func:`open_libvirt`), shown first. ``module`` is an ``AnsibleModule``.
     """
+    before = install.describe() if install is not None else []
     result: dict[str, Any] = {
         "changed": False,
-        "plan": planned(plan.describe(), module.check_mode),
+        "plan": planned(before + plan.describe(), module.check_mode),
         "not_run": [],
         "root": root,
         "name": plan.name,
@@ -131,20 +165,25 @@ def finish_vm(
         "placement": plan.placement.as_dict() if plan.placement else None,
         "paths": plan.paths,
         "addresses": [],
+        "host": install.result() if install is not None else None,
         **extra,
     }
     warn_or_refuse(module, plan, result)
     if module._diff:
-        diffs = plan.diff(root)
+        diffs = (install.diff(root) if install is not None else []) + plan.diff(root)
         domain = plan.domain_diff()
         result["diff"] = [domain, *diffs] if domain else diffs
     live = Sysfs(root).live
     if module.check_mode:
         steps = plan.actions + plan.sysfs + plan.cleanup
-        result["changed"] = any(live or not a.live_only for a in steps) or bool(plan.ops and conn is not None)
+        result["changed"] = (
+            any(live or not a.live_only for a in steps)
+            or bool(plan.ops and conn is not None)
+            or bool(install is not None and install.actions)
+        )
         module.exit_json(**result)
-    done: list[str] = []
-    not_run: list[str] = []
+    done: list[str] = list(installed.done) if installed else []
+    not_run: list[str] = list(installed.not_run) if installed else []
     try:
         for actions in (plan.actions, plan.sysfs):
             applied = apply(Plan(actions=actions), root)

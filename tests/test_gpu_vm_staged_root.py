@@ -118,3 +118,37 @@ def test_an_absent_vm_with_a_staged_root_removes_only_below_it(world, host_root)
     assert not gone["failed"], gone.get("msg")
     assert not (seed / "user-data").exists() and any(s.startswith("run rmdir") for s in gone["not_run"])
     assert not world["canary"].exists() and not world["storage"].exists()
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_install_is_planned_first_in_the_vms_own_run(world, host_root, check: bool) -> None:
+    # The VMs concern is one module run (issue #14): what the host lacks comes first in gpu_vm's plan.
+    root = staged(world, host_root, "gpu-audio")
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc/os-release").write_text("ID=debian\n")
+    (root / "run/systemd/system").mkdir(parents=True, exist_ok=True)
+    before = tree_digest(root / "sys"), tree_digest(world["outside"])
+    args = {"vm": vm(), "state": "defined", "install": True, "root": str(root), "storage_dir": str(world["storage"])}
+    result = run_in_process("gpu_vm", args, check=check)
+    assert not result["failed"], result.get("msg")
+    prefix = "would " if check else ""
+    assert result["plan"][0].startswith(f"{prefix}run env DEBIAN_FRONTEND=noninteractive apt-get install -y")
+    install = [s for s in result["plan"] if "libvirt runs now and from boot" in s or "apt-get install" in s]
+    assert result["plan"][: len(install)] == install and len(install) == 2
+    assert any(s.startswith(f"{prefix}define domain vm1") for s in result["plan"]), result["plan"]
+    assert result["host"]["os_family"] == "debian" and "python3-libvirt" not in result["host"]["packages"]
+    if not check:  # commands of another root are never run here: listed, in plan order
+        assert result["not_run"][: len(install)] == install
+    assert not world["canary"].exists()
+    assert (tree_digest(root / "sys"), tree_digest(world["outside"])) == before
+
+
+def test_an_unknown_os_without_packages_is_refused_before_the_vm(world, host_root) -> None:
+    root = staged(world, host_root, "gpu-audio")
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc/os-release").write_text("ID=plan9\n")
+    before = tree_digest(root)
+    args = {"vm": vm(), "state": "defined", "install": True, "root": str(root), "storage_dir": str(world["storage"])}
+    result = run_in_process("gpu_vm", args)
+    assert result["failed"] and "no package list for this host's OS" in result["msg"]
+    assert tree_digest(root) == before and not world["storage"].exists()

@@ -234,6 +234,21 @@ options:
     description: Seconds an ACPI shutdown may take before the domain is powered off.
     type: int
     default: 180
+  install:
+    description:
+      - First install what the VMs need where it is missing, and run libvirt (the plan of M(gpuprov.kvm.gpu_vm_host),
+        read and carried out in this module run; the OS family from C(/etc/os-release), the packages installed
+        from dpkg's status file or C(rpm --query), the libvirt units' state from one C(systemctl show)); a converged
+        host plans nothing. Role gpu_vms sets it from C(gpu_vms_install).
+      - In check mode, when libvirt is not installed or running yet, the VM's plan takes the domain as absent (a
+        warning says so).
+    type: bool
+    default: false
+  packages:
+    description: With O(install), the packages to install instead of the OS family's list (empty - that list).
+    type: list
+    elements: str
+    default: []
   console_checks:
     description:
       - Checks of the running domain's serial log (C(paths.serial_log)), read on the host after the domain is
@@ -353,6 +368,11 @@ guest:
   returned: when the guest got an address
   type: dict
   sample: {"name": "train-01", "address": "192.168.122.57", "addresses": ["192.168.122.57"], "user": "gpuadmin"}
+host:
+  description: With O(install), what the host needs (M(gpuprov.kvm.gpu_vm_host)'s result keys); null without.
+  returned: success
+  type: dict
+  sample: {"os_family": "debian", "packages": ["libvirt-daemon-system"], "missing": [], "services": []}
 console:
   description: The serial log checked with O(console_checks), the last 20 lines of it, and the problems found.
   returned: when O(console_checks) ran
@@ -404,6 +424,7 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_vm 
     finish_vm,
     open_libvirt,
     plan_gpu_vm,
+    plan_install,
     vm_result,
 )
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import Plan
@@ -438,6 +459,8 @@ def main() -> None:
                     "expect": {"type": "list", "elements": "str", "default": []},
                 },
             },
+            "install": {"type": "bool", "default": False},
+            "packages": {"type": "list", "elements": "str", "default": []},
             "root": {"type": "path", "default": "/"},
         },
         supports_check_mode=True,
@@ -449,7 +472,8 @@ def main() -> None:
     if given is None or problems:
         warn_or_refuse(module, Plan(refusals=problems), {"plan": [], "not_run": [], "root": root})
         return
-    conn = open_libvirt(module, root, p["uri"])
+    install = plan_install(module, root)
+    conn, installed = open_libvirt(module, root, p["uri"], install)
     plan, spec = plan_gpu_vm(module, facts, given, conn)
     finish_vm(
         module,
@@ -459,6 +483,8 @@ def main() -> None:
         shutdown_timeout=p["shutdown_timeout"],
         wait_address=p["wait_for_address"],
         console_checks=given.console_checks,
+        install=install,
+        installed=installed,
         **vm_result(given.state, spec),
     )
 
