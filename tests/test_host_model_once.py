@@ -78,3 +78,24 @@ def test_the_second_play_reuses_the_model_and_another_root_is_resolved_again(tmp
     assert models == [["0000:01:00.0"], ["0000:01:00.0"]]  # the second play still has it
     again = run(tmp_path, two_plays(str(other)), first)
     assert [r.get("skipped", False) for name, r in again if name == RESOLVE] == [False, False]
+
+
+def test_vfio_host_resolves_the_declaration_in_vfio_binds_own_run(tmp_path: Path, roots) -> None:
+    # issue #14: one module run for the model and the binding, and the roles after it reuse the model.
+    first, _ = roots
+    play = {
+        "name": "hosts",
+        "hosts": "localhost",
+        "connection": "local",
+        "gather_facts": False,
+        "vars": {"host_model_root": "{{ first_root }}", "vfio_host_root": "{{ first_root }}"},
+        "roles": [{"role": "gpuprov.kvm.vfio_host"}, {"role": "gpuprov.kvm.host_model"}],
+        "tasks": [{"name": "hosts: the model", "ansible.builtin.debug": {"var": "gpuprov_model.vfio_devices"}}],
+    }
+    tasks = run(tmp_path, [{**play, "check_mode": True}], first)
+    resolved = [result for name, result in tasks if name == RESOLVE]
+    assert resolved and all(r.get("skipped") for r in resolved)  # gpu_host_model never ran
+    (bind,) = [result for name, result in tasks if name.startswith("Bind the devices to vfio-pci")]
+    assert bind["ansible_facts"]["gpuprov_model"]["vfio_devices"] == ["0000:01:00.0"]
+    assert "0000:01:00.0" in bind["devices"] and any(line.startswith("would ") for line in bind["plan"])
+    assert [r["gpuprov_model.vfio_devices"] for name, r in tasks if name == "hosts: the model"] == [["0000:01:00.0"]]

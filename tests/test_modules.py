@@ -125,6 +125,42 @@ def test_vfio_bind_refuses_when_evidence_is_missing(bare_python, staged) -> None
     assert tree_digest(root) == before
 
 
+@pytest.mark.parametrize(
+    ("host", "text"),
+    [
+        ({"gpus": [{"name": "gpu", "address": "0000:09:00.0", "use": "passthrough"}]}, "0000:09:00.0"),
+        ({"gpus": [{"name": "gpu", "address": "0000:01:00.0", "use": "passthrough", "expect": "10de:ffff"}]}, "gpu"),
+        ({"gpus": [{"name": "gpu", "address": "0000:01:00.0", "use": "bogus"}]}, "use"),
+    ],
+)
+def test_vfio_bind_refuses_a_declaration_that_does_not_fit_as_gpu_host_model_does(
+    bare_python, staged, host, text
+) -> None:
+    root = staged("gpu-audio")
+    before = tree_digest(root)
+    bound = run_module(bare_python, "vfio_bind", {"host": host, "root": str(root)})
+    model = run_module(bare_python, "gpu_host_model", {"host": host, "root": str(root)})
+    assert bound["failed"] and model["failed"] and text in bound["msg"]
+    assert bound["refusals"] == model["refusals"]  # one resolution, one verdict
+    assert tree_digest(root) == before and "ansible_facts" not in bound
+
+
+def test_vfio_bind_binds_what_the_declaration_passes_through_and_returns_the_model(bare_python, staged) -> None:
+    root = staged("gpu-audio")
+    host = {"gpus": [{"name": "gpu", "address": "0000:01:00.0", "use": "passthrough"}]}
+    by_host = run_module(bare_python, "vfio_bind", {"host": host, "root": str(root)}, check=True)
+    by_list = run_module(bare_python, "vfio_bind", {"devices": ["0000:01:00.0"], "root": str(root)}, check=True)
+    assert not by_host["failed"] and by_host["plan"] == by_list["plan"] and by_host["changed"] is True
+    model = run_module(bare_python, "gpu_host_model", {"host": host, "root": str(root)})
+    assert by_host["ansible_facts"]["gpuprov_model"] == model["ansible_facts"]["gpuprov_model"]
+    kept = run_module(
+        bare_python, "vfio_bind", {"host": {"gpus": [{**host["gpus"][0], "use": "host"}]}, "root": str(root)}
+    )
+    assert (
+        kept["changed"] is False and kept["plan"] == [] and kept["ansible_facts"]["gpuprov_model"]["vfio_devices"] == []
+    )
+
+
 def test_vfio_bind_check_mode_diff_then_apply_then_idempotent(bare_python, staged) -> None:
     root = staged("gpu-audio")
     before = tree_digest(root)

@@ -150,10 +150,10 @@ refusals:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.model.resolve import resolve
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import warn_or_refuse
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import Plan
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vm_fit import cpu_count
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_model import (
+    declaration,
+    resolve_or_refuse,
+)
 
 
 def main() -> None:
@@ -170,13 +170,11 @@ def main() -> None:
     )
     p = module.params
     if p["host"] is not None:
-        doc = {"gpuprov_host": p["host"], **({"gpuprov_layouts": p["layouts"]} if p["layouts"] else {})}
+        doc = declaration(p["host"], p["layouts"])
     else:
         old = {"gpuprov_gpus": p["gpus"], "gpu_vms_list": p["vms"], "vfio_host_devices": p["vfio_devices"]}
         doc = {k: v for k, v in old.items() if v is not None}
-    facts = gather(Sysfs(p["root"]))
-    model = resolve(doc, facts, cpu_limit=cpu_count(facts))
-    warn_or_refuse(module, Plan(refusals=model.problems + model.refusals, warnings=model.warnings), {})
+    model = resolve_or_refuse(module, doc, gather(Sysfs(p["root"])))
     module.exit_json(changed=False, ansible_facts={"gpuprov_model": model.derived()})
 
 

@@ -25,10 +25,23 @@ version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
   devices:
-    description: Full PCI addresses (C(0000:41:00.0)); never vendor:device ids, two identical GPUs are common.
+    description:
+      - Full PCI addresses (C(0000:41:00.0)); never vendor:device ids, two identical GPUs are common.
+      - One of O(devices) and O(host) is required.
     type: list
     elements: str
-    required: true
+  host:
+    description:
+      - The host's declaration, C(gpuprov_host) (docs/reference/host-model.md), instead of O(devices) - its
+        C(use) C(passthrough) GPUs are bound. It is resolved in this module run from the facts the module
+        reads anyway, exactly as M(gpuprov.kvm.gpu_host_model) resolves it (refused the same way), and
+        returned as the fact C(gpuprov_model) for the roles after this one (role vfio_host does this
+        when the run has not resolved the declaration yet, one module run instead of two).
+      - A declaration with no passthrough GPU binds nothing and leaves vfio's files as they are.
+    type: dict
+  layouts:
+    description: With O(host), the named vGPU layouts, C(gpuprov_layouts) (docs/reference/formats.md).
+    type: dict
   state:
     description:
       - C(bound) gives the devices to vfio-pci; C(unbound) gives them back to their host drivers and drops
@@ -78,6 +91,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ansible_facts:
+  description: With O(host), the resolved model (M(gpuprov.kvm.gpu_host_model)'s fact).
+  returned: when O(host) is given and the declaration fits the host
+  type: dict
+  contains:
+    gpuprov_model:
+      description: What every stage derives from the declaration (vfio_devices, gpus, vms, declared, settings...).
+      type: dict
+      returned: always
 plan:
   description: Every action, as text, in order (also in check mode).
   returned: always
@@ -125,9 +147,14 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_model import (
+    declaration,
+    resolve_or_refuse,
+)
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import read_text
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vfio import (
     MANAGED_FILES,
+    VfioPlan,
     VfioRequest,
     initramfs_tools,
     plan_vfio,
@@ -137,23 +164,33 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vfio impo
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "devices": {"type": "list", "elements": "str", "required": True},
+            "devices": {"type": "list", "elements": "str"},
+            "host": {"type": "dict"},
+            "layouts": {"type": "dict"},
             "state": {"type": "str", "choices": ["bound", "unbound"], "default": "bound"},
             "persistent": {"type": "bool", "default": True},
             "allow_unsafe": {"type": "list", "elements": "str", "default": []},
             "root": {"type": "path", "default": "/"},
         },
+        mutually_exclusive=[("devices", "host")],
+        required_one_of=[("devices", "host")],
+        required_by={"layouts": "host"},
         supports_check_mode=True,
     )
     p = module.params
     sysfs = Sysfs(p["root"])
     facts = gather(sysfs)
-    request = VfioRequest(
-        devices=p["devices"], state=p["state"], persistent=p["persistent"], allow_unsafe=p["allow_unsafe"]
-    )
+    devices, model = p["devices"], {}
+    if p["host"] is not None:
+        resolved = resolve_or_refuse(module, declaration(p["host"], p["layouts"]), facts)
+        devices, model = resolved.vfio_devices, {"ansible_facts": {"gpuprov_model": resolved.derived()}}
+    request = VfioRequest(devices=devices, state=p["state"], persistent=p["persistent"], allow_unsafe=p["allow_unsafe"])
     files = {path: read_text(sysfs, path) for path in MANAGED_FILES}
-    plan = plan_vfio(facts, request, files, initramfs_tools(sysfs))
-    finish(module, plan, p["root"], devices=plan.bind_set, previous_drivers=plan.previous_drivers)
+    # A declaration with no passthrough GPU binds nothing and leaves vfio's files as they are (as
+    # role vfio_host does with an empty vfio_host_devices).
+    resolved_none = p["host"] is not None and not devices
+    plan = VfioPlan() if resolved_none else plan_vfio(facts, request, files, initramfs_tools(sysfs))
+    finish(module, plan, p["root"], devices=plan.bind_set, previous_drivers=plan.previous_drivers, **model)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+"""The host's declaration resolved in a module run, one way for every module that does it:
+gpu_host_model (the role host_model), and vfio_bind, which resolves it from the facts it reads
+anyway when the run has not yet (role vfio_host: one module run instead of two, issue #14).
+
+Ships to targets with the modules (``module_utils``); standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .facts.host import HostFacts
+from .model.resolve import HostModel, resolve
+from .modsupport import warn_or_refuse
+from .plan.base import Plan
+from .plan.vm_fit import cpu_count
+
+
+def declaration(host: Any, layouts: Any) -> dict[str, Any]:
+    """The host_vars form of a module's ``host`` and ``layouts`` options."""
+    return {"gpuprov_host": host, **({"gpuprov_layouts": layouts} if layouts else {})}
+
+
+def resolve_or_refuse(module: Any, doc: dict[str, Any], facts: HostFacts) -> HostModel:
+    """:func:`gpuprov.model.resolve.resolve` on ``facts``; the module fails, naming every problem and
+    its fix, when the declaration breaks its schema or does not fit the host; warnings passed on."""
+    model = resolve(doc, facts, cpu_limit=cpu_count(facts))
+    warn_or_refuse(module, Plan(refusals=model.problems + model.refusals, warnings=model.warnings), {})
+    return model
