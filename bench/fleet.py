@@ -7,8 +7,8 @@ over the same hosts and forks, two plays are timed (``time.perf_counter`` around
 ``ansible-playbook``, and the per-task profile of ``ansible.posix.profile_tasks``):
 
 * facts-only: ``gpuprov.kvm.gpu_host_facts`` on the staged root;
-* no-op converge: ``gpu_host_model`` (a ``gpuprov_host`` declaring the capture's GPU
-  ``use: passthrough``), ``vfio_bind`` (the model's devices), ``kernel_cmdline`` and
+* no-op converge: ``vfio_bind`` with a ``gpuprov_host`` declaring the capture's GPU ``use:
+  passthrough`` (resolved in its own run, as role vfio_host does), ``kernel_cmdline`` and
   ``gpu_vgpu`` (an empty layout), each with ``root`` the staged root. The roots are converged
   once, unmeasured, first; the measured run must change nothing (else exit 1).
 
@@ -63,12 +63,9 @@ CONVERGE_PLAY = [
         "gather_facts": False,
         "tasks": [
             {
-                "name": "gpu_host_model",
-                "gpuprov.kvm.gpu_host_model": {"host": "{{ gpuprov_host }}", "root": "{{ gpuprov_root }}"},
-            },
-            {
+                # As role vfio_host does: the declaration resolved in vfio_bind's own run (issue #14).
                 "name": "vfio_bind",
-                "gpuprov.kvm.vfio_bind": {"devices": "{{ gpuprov_model.vfio_devices }}", "root": "{{ gpuprov_root }}"},
+                "gpuprov.kvm.vfio_bind": {"host": "{{ gpuprov_host }}", "root": "{{ gpuprov_root }}"},
             },
             {
                 "name": "kernel_cmdline",
