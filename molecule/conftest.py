@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +98,34 @@ def run_converge(
             if result.get("changed"):
                 run.changed_tasks.append(name)
     return run
+
+
+def converge_killed_in(task: str, after: float = 3.0) -> bool:
+    """Run this scenario's converge.yml with its linked inventory (the lab scenarios) and SIGKILL
+    the controller's whole process group ``after`` seconds into ``task`` (issue #14: a run killed
+    at a task boundary); False when the run ended without reaching it."""
+    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
+    scenario = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
+    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", inventory, str(scenario / "converge.yml")]
+    env = dict(
+        os.environ,
+        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+        ANSIBLE_DISPLAY_SKIPPED_HOSTS="true",
+        ANSIBLE_DISPLAY_OK_HOSTS="true",
+        ANSIBLE_NOCOLOR="1",
+    )
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("TASK [") and task in line:
+            time.sleep(after)
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            return True
+    proc.wait()
+    return False
 
 
 def lay_out_root(host, path: str) -> str:

@@ -11,11 +11,13 @@ Addresses (inventories/lab/host_vars/lab-gpu-host.yml, QEMU topology in
 labhost/boot.py): edu A 0000:01:00.0 alone behind a root port; edu B 0000:02:00.0
 with HD audio 0000:02:00.1 behind another; edu C 0000:04:01.0 and the e1000
 0000:04:02.0 behind the PCIe-to-PCI bridge 0000:03:00.0. The tests run in file
-order: the refusals, the reboot and the removal come last.
+order: a run killed during the vfio bind and then during the VM's creation (rerun: the
+state of the uninterrupted run), the refusals, the reboot and the removal come last.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -24,6 +26,17 @@ import sys
 from pathlib import Path
 
 import pytest
+
+# molecule/conftest.py's runners (the folder's name is the molecule package's: loaded by path).
+_spec = importlib.util.spec_from_file_location(
+    "gpuprov_molecule_conftest", Path(__file__).resolve().parents[2] / "conftest.py"
+)
+assert _spec is not None and _spec.loader is not None
+_conftest = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
+if not hasattr(_conftest, "run_converge"):
+    _spec.loader.exec_module(_conftest)
+run_converge = _conftest.run_converge
+converge_killed_in = _conftest.converge_killed_in
 
 EDU_A, EDU_B, AUDIO_B = "0000:01:00.0", "0000:02:00.0", "0000:02:00.1"
 EDU_C, NIC, BRIDGE = "0000:04:01.0", "0000:04:02.0", "0000:03:00.0"
@@ -211,6 +224,47 @@ def test_the_mdev_exists_and_is_defined_for_boot(host):
     definition = json.loads(host.file(f"/etc/mdevctl.d/mtty/{MDEV}").content_string)
     assert definition["mdev_type"] == "mtty-2" and definition["start"] == "auto", definition
     assert f"{MDEV} mtty mtty-2 auto" in host.check_output("mdevctl list --defined")
+
+
+def converged_state(host) -> str:
+    """What the whole playbook leaves and a rerun must restore: drivers, overrides and the managed
+    files (snapshot), the mdev and its definition, the guest's state and its definition (less the
+    UUID libvirt picks when it defines the domain)."""
+    xml = host.check_output("virsh -c qemu:///system dumpxml --inactive %s", VM)
+    xml = re.sub(r"<uuid>[^<]*</uuid>", "", xml)
+    return "\n".join([snapshot(host), mdev_state(host), domstate(host), xml])
+
+
+def leftovers_finish(host, timeout: int = 600) -> None:
+    """Wait until the killed run's module, which the host runs on after the controller died (AnsiballZ
+    payload folders), is done: the rerun comes after it, as a user's does."""
+    host.check_output(
+        "for i in $(seq %s); do ls -d /tmp/ansible_vfio_bind_payload_* /tmp/ansible_gpu_vm_payload_* "
+        ">/dev/null 2>&1 || exit 0; sleep 1; done; exit 1",
+        timeout,
+    )
+
+
+def test_a_run_killed_during_the_vfio_bind_then_during_the_vms_creation_converges_on_rerun(host, hostname):
+    """issue #14: the controller's whole process group SIGKILLed 3 s into the vfio bind, then 3 s
+    into the VM's creation (iommu_host's kill is molecule/lab_boot's), after undoing what those two
+    steps do at runtime (edu B and its audio function given back, the guest destroyed and undefined);
+    the rerun leaves the state of the uninterrupted run, and the run after it changes nothing."""
+    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
+    expected = converged_state(host)
+    host.run("virsh -c qemu:///system destroy %s; virsh -c qemu:///system undefine %s", VM, VM)
+    for addr in (EDU_B, AUDIO_B):
+        host.run("echo %s > /sys/bus/pci/drivers/vfio-pci/unbind", addr)
+    assert driver(host, EDU_B) is None and "failed to get domain" in host.run("virsh domstate %s", VM).stderr
+    assert converge_killed_in("Bind the devices to vfio-pci"), "the run ended before the vfio bind"
+    leftovers_finish(host)
+    assert converge_killed_in("Bring each VM to its state"), "the run ended before the VMs"
+    leftovers_finish(host)
+    rerun = run_converge(hostname, inventory=inventory, timeout=1800)
+    assert rerun.failures == 0, rerun.output
+    again = run_converge(hostname, inventory=inventory, timeout=1800)
+    assert again.failures == 0 and again.changed == 0, again.output
+    assert converged_state(host) == expected
 
 
 def test_edu_sharing_a_group_with_the_default_route_nic_is_refused(host):

@@ -36,6 +36,7 @@ assert _spec is not None and _spec.loader is not None
 _conftest = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_conftest)
 run_converge = _conftest.run_converge
+converge_killed_in = _conftest.converge_killed_in
 
 RUN = lab_dir() / "run"
 TIMINGS: dict[str, float] = {}
@@ -199,33 +200,3 @@ def test_the_next_reboot_keeps_it(host, converge, loader):
     run = converge()
     assert run.failures == 0 and run.changed == 0, run.output
     print(f"\nboot-trial timings so far: {json.dumps(TIMINGS)}", flush=True)
-
-
-# -- a run killed at a task boundary (issue #14) --
-
-
-def converge_killed_in(task: str, after: float = 3.0) -> bool:
-    """Run converge.yml and SIGKILL the controller's whole process group ``after`` seconds into
-    ``task``; False when the run ended without reaching it."""
-    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
-    scenario = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
-    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", inventory, str(scenario / "converge.yml")]
-    env = dict(
-        os.environ,
-        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
-        ANSIBLE_DISPLAY_SKIPPED_HOSTS="true",
-        ANSIBLE_DISPLAY_OK_HOSTS="true",
-        ANSIBLE_NOCOLOR="1",
-    )
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("TASK [") and task in line:
-            time.sleep(after)
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            return True
-    proc.wait()
-    return False
