@@ -239,9 +239,8 @@ def leftovers_finish(host, timeout: int = 600) -> None:
     """Wait (at most ``timeout`` s) until the killed run's module, which the host runs on after the
     controller died (its AnsiballZ payload folder), is done: the rerun comes after it, as a user's does."""
     host.run(
-        "for i in $(seq %s); do ls -d /tmp/ansible_vfio_bind_payload_* /tmp/ansible_gpu_vm_payload_* "
-        ">/dev/null 2>&1 || break; sleep 1; done",
-        timeout,
+        f"for i in $(seq {int(timeout)}); do ls -d /tmp/ansible_vfio_bind_payload_* /tmp/ansible_gpu_vm_payload_* "
+        ">/dev/null 2>&1 || break; sleep 1; done"
     )
 
 
