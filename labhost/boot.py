@@ -299,6 +299,9 @@ FIRMWARE_LIMIT = 120  # seconds from a reset to the firmware's hand-over (about 
 # WATCHDOG event: the i6300esb, or q35's ICH9 TCO, which Linux's iTCO_wdt drives).
 RESET_BY_LAB = "lab-bmc:"
 RESET_BY_GUEST = "guest-watchdog:"
+# A power cycle after a reset the firmware never answered (an emulator spin, whoever reset the
+# machine: that reset is logged as its own): not a reset of a stuck boot, so not RESET_BY_LAB.
+POWER_CYCLE = "lab-power:"
 
 
 def qmp_events_connect(lab: Path, timeout: float = 10) -> socket.socket | None:
@@ -352,7 +355,7 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
     FIRMWARE_LIMIT is followed by a power cycle (:func:`power_cycle`, a new QEMU). Each
     reset is logged in run/watchdog.log (``python -m labhost status`` shows them), and so
     is each reset by the guest's own i6300esb (QMP WATCHDOG events): RESET_BY_LAB and
-    RESET_BY_GUEST tell them apart. Runs until QEMU exits."""
+    RESET_BY_GUEST tell them apart, and POWER_CYCLE marks the power cycles. Runs until QEMU exits."""
     console, log = run_dir(lab) / "console.log", run_dir(lab) / "watchdog.log"
     offset, started, tries = 0, time.monotonic(), 0
     reset_at: float | None = None  # a reset that the firmware has not answered yet
@@ -387,10 +390,10 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
         elif firmware >= 0:
             reset_at = None
         if reset_at is not None and time.monotonic() - reset_at > FIRMWARE_LIMIT:
-            note(f"{RESET_BY_LAB} no firmware output {FIRMWARE_LIMIT} s after a reset: power cycle (QEMU restarted)")
+            note(f"{POWER_CYCLE} no firmware output {FIRMWARE_LIMIT} s after a reset: power cycle (QEMU restarted)")
             new = power_cycle(lab, pid)
             if new is None:
-                note(f"{RESET_BY_LAB} QEMU did not start again: giving up")
+                note(f"{POWER_CYCLE} QEMU did not start again: giving up")
                 return
             if events is not None:
                 events.close()
