@@ -238,10 +238,9 @@ def converged_state(host) -> str:
 def leftovers_finish(host, timeout: int = 600) -> None:
     """Wait (at most ``timeout`` s) until the killed run's module, which the host runs on after the
     controller died (its AnsiballZ payload folder), is done: the rerun comes after it, as a user's does."""
-    host.run(
-        f"for i in $(seq {int(timeout)}); do ls -d /tmp/ansible_vfio_bind_payload_* /tmp/ansible_gpu_vm_payload_* "
-        ">/dev/null 2>&1 || break; sleep 1; done"
-    )
+    # The wrapper's folder is named after the module's FQCN: ansible_gpuprov.kvm.vfio_bind_payload_XXXX.
+    payloads = " ".join(f"/tmp/ansible_gpuprov.kvm.{m}_payload_*" for m in ("vfio_bind", "gpu_vm"))
+    host.run(f"for i in $(seq {int(timeout)}); do ls -d {payloads} >/dev/null 2>&1 || break; sleep 1; done")
 
 
 def test_a_run_killed_during_the_vfio_bind_then_during_the_vms_creation_converges_on_rerun(host, hostname):
