@@ -7,3 +7,9 @@ only: Ansible modules ship it to targets through ``module_utils``, so a target n
 """
 
 __version__ = "0.1.0"
+
+from .bytecode_cache import install as _cache_bytecode
+
+# Shipped in a zip (an Ansible module's payload, the boot zipapp): compile each module once, not
+# on every run (gpuprov/bytecode_cache.py).
+_cache_bytecode(__name__, globals().get("__loader__"))
