@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .facts.host import HostFacts
+from .facts.host import HostFacts, cpu_count
 from .model.resolve import HostModel, resolve
 from .modsupport import warn_or_refuse
 from .plan.base import Plan
-from .plan.vm_fit import cpu_count
 
 
 def declaration(host: Any, layouts: Any) -> dict[str, Any]:

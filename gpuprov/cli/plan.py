@@ -87,13 +87,13 @@ def input_problems(source: str, problems: list[Any]) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..facts.host import gather
+    from ..facts.host import cpu_count, gather
     from ..facts.sysfs import Sysfs
     from ..facts.vm_storage import rom_problems
     from ..model.resolve import resolve
     from ..plan.base import Refusal
     from ..plan.vgpu import declared_mdevs
-    from ..plan.vm_fit import check_declared_mdevs, cpu_count, plan_host
+    from ..plan.vm_fit import check_declared_mdevs, plan_host
     from ..report import write_json
     from ..report.plan import plan_report
     from ..rules.inputs import HOST_VARS_SETTINGS

@@ -8,7 +8,7 @@ from .evidence import GROUPS, MissingEvidence, note
 from .iommu import IommuState, read_iommu
 from .mdev import MdevInstance, MdevParent, VgpuVf, read_mdev_instances, read_mdev_parents, read_vgpu_vfs
 from .names import PciIds, name_source
-from .numa import NumaNode, read_numa
+from .numa import NumaNode, parse_cpulist, read_numa
 from .pci import PciDevice, read_pci_devices
 from .sysfs import Sysfs
 from .usage import HostUsage, note_unmapped_open_files, read_usage, referenced_devices
@@ -80,6 +80,12 @@ def _name_devices(sysfs: Sysfs, devices: dict[str, PciDevice]) -> str:
     for dev in devices.values():
         dev.vendor_name, dev.device_name = ids.lookup(dev.vendor_id, dev.device_id)
     return "pci.ids"
+
+
+def cpu_count(facts: HostFacts) -> int | None:
+    """One past the host's highest CPU number (None: the host shows no NUMA CPU lists)."""
+    cpus = [c for n in facts.numa for c in parse_cpulist(n.cpulist)]
+    return max(cpus) + 1 if cpus else None
 
 
 def gather(sysfs: Sysfs) -> HostFacts:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..facts.host import HostFacts
 from ..facts.pci import PciAddressError, normalize_address
-from ..plan.vgpu import mdev_uuids
+from ..plan.vgpu.mdev import mdev_uuids
 from ..rules.inputs import validate_host_vars
 from .resolve import HostModel
 

@@ -29,7 +29,7 @@ from typing import Any
 from ..facts.host import HostFacts
 from ..facts.pci import PciAddressError, normalize_address
 from ..plan.base import Refusal
-from ..plan.vgpu import mdev_uuids
+from ..plan.vgpu.mdev import mdev_uuids
 from ..plan.vgpu.sriov import resolve_vgpu_type, vgpu_type_names
 from ..plan.vm_spec import HostSettings
 from ..rules.validate import shown

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..facts.host import HostFacts
 from ..rules.assess import BLOCKER, VFIO_DRIVERS, assess_gpu, companions_of
 from .base import Refusal
-from .vgpu import mixed_types_refusal
+from .vgpu.checks import mixed_types_refusal
 from .vm_spec import HostPlan, HostSettings, VmSpec
 
 NVIDIA = 0x10DE

@@ -30,8 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..facts.host import HostFacts
-from ..facts.numa import parse_cpulist
+from ..facts.host import HostFacts, cpu_count
 from ..rules.assess import held_open
 from ..rules.validate import MAX_VMS, Problems, sequence
 from ..rules.vm_input import check_settings, parse_vm
@@ -141,12 +140,6 @@ def check_declared_uses(
                         address,
                     )
                 )
-
-
-def cpu_count(facts: HostFacts) -> int | None:
-    """One past the host's highest CPU number (None: the host shows no NUMA CPU lists)."""
-    cpus = [c for n in facts.numa for c in parse_cpulist(n.cpulist)]
-    return max(cpus) + 1 if cpus else None
 
 
 def check_declared_mdevs(plan: HostPlan, declared: dict[str, dict[str, str]]) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..plan.base import Plan, Refusal
-from ..plan.vgpu import SCHEDULERS, USES, parse_gpus
+from ..plan.vgpu.config import SCHEDULERS, USES, parse_gpus
 from ..plan.vm_spec import STATES, VM_KEYS, HostSettings
 from ..verify.console import ConsoleCheck
 from .validate import (

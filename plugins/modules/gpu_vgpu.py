@@ -220,7 +220,8 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.apply.vgpu imp
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, warn_or_refuse
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import ApplyError, Plan
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vgpu import VgpuRequest, plan_host
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vgpu.config import VgpuRequest
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vgpu.plan import plan_host
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.inputs import validate_gpu_vgpu_options
 
 

@@ -417,7 +417,7 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import cpu_count, gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import warn_or_refuse
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_vm import (
@@ -428,7 +428,6 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_vm 
     vm_result,
 )
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import Plan
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vm_fit import cpu_count
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.inputs import validate_gpu_vm_options
 
 

@@ -43,63 +43,59 @@ Standard library only: ships with the module and runs at boot.
 
 The package, one concern a module: config (the request, entries, derived UUIDs), state (the
 saved layout), checks (in use, mixed types), mdev, sriov, mig, scheduler, persistence (saved
-layout, boot unit, mdevctl rule), plan (plan_vgpu, plan_host). This file re-exports what the
-module, the other planners and the tests use.
+layout, boot unit, mdevctl rule), plan (plan_vgpu, plan_host). This file offers what the
+command line and the tests use, each imported from its submodule on first use.
 """
 
 from __future__ import annotations
 
-from ...facts.vgpu_inputs import (
-    BOOT_PYZ,
-    BOOT_SERVICE,
-    BOOT_UNIT,
-    MDEVCTL_RULE,
-    OLD_BOOT_LIB,
-    SCHEDULER_CONF,
-    STATE_FILE,
-    HostInputs,
-    read_inputs,
-)
-from .checks import mixed_types_refusal
-from .config import SCHEDULERS, USES, Entry, VgpuPlan, VgpuRequest, derived_uuid, parse_gpus
-from .mdev import declared_mdevs, mdev_uuids, mdevctl_definition
-from .mig import fit
-from .persistence import boot_unit, mdevctl_rule_fix
-from .plan import plan_host, plan_vgpu, read_host
-from .scheduler import registry_value, running_registry_value, scheduler_conf
-from .state import STATE_SCHEMA, Managed, parse_state
+import importlib
+from typing import Any
 
-__all__ = [
-    "BOOT_PYZ",
-    "BOOT_SERVICE",
-    "BOOT_UNIT",
-    "MDEVCTL_RULE",
-    "OLD_BOOT_LIB",
-    "SCHEDULERS",
-    "SCHEDULER_CONF",
-    "STATE_FILE",
-    "STATE_SCHEMA",
-    "USES",
-    "Entry",
-    "HostInputs",
-    "Managed",
-    "VgpuPlan",
-    "VgpuRequest",
-    "boot_unit",
-    "declared_mdevs",
-    "derived_uuid",
-    "fit",
-    "mdev_uuids",
-    "mdevctl_definition",
-    "mdevctl_rule_fix",
-    "mixed_types_refusal",
-    "parse_gpus",
-    "parse_state",
-    "plan_host",
-    "plan_vgpu",
-    "read_host",
-    "read_inputs",
-    "registry_value",
-    "running_registry_value",
-    "scheduler_conf",
-]
+# What the package offers the command line and the tests, and the submodule each comes from:
+# imported on first use (PEP 562). Package code imports the submodules themselves, so that a
+# module needing one part (model.resolve: the mdev UUIDs) does not import every vGPU planner: an
+# Ansible module run compiles and runs all it imports (issue #14).
+EXPORTS = {
+    "BOOT_PYZ": "...facts.vgpu_inputs",
+    "BOOT_SERVICE": "...facts.vgpu_inputs",
+    "BOOT_UNIT": "...facts.vgpu_inputs",
+    "MDEVCTL_RULE": "...facts.vgpu_inputs",
+    "OLD_BOOT_LIB": "...facts.vgpu_inputs",
+    "SCHEDULER_CONF": "...facts.vgpu_inputs",
+    "STATE_FILE": "...facts.vgpu_inputs",
+    "HostInputs": "...facts.vgpu_inputs",
+    "read_inputs": "...facts.vgpu_inputs",
+    "mixed_types_refusal": ".checks",
+    "SCHEDULERS": ".config",
+    "USES": ".config",
+    "Entry": ".config",
+    "VgpuPlan": ".config",
+    "VgpuRequest": ".config",
+    "derived_uuid": ".config",
+    "parse_gpus": ".config",
+    "declared_mdevs": ".mdev",
+    "mdev_uuids": ".mdev",
+    "mdevctl_definition": ".mdev",
+    "fit": ".mig",
+    "boot_unit": ".persistence",
+    "mdevctl_rule_fix": ".persistence",
+    "plan_host": ".plan",
+    "plan_vgpu": ".plan",
+    "read_host": ".plan",
+    "registry_value": ".scheduler",
+    "running_registry_value": ".scheduler",
+    "scheduler_conf": ".scheduler",
+    "STATE_SCHEMA": ".state",
+    "Managed": ".state",
+    "parse_state": ".state",
+}
+__all__ = sorted(EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
