@@ -4,10 +4,12 @@ nothing to do, on the same host, in one run.
 Against a lab host already up (``python -m labhost up``; ``python -m labhost status --json``
 says where, and the ``-e`` overrides its inventory needs), with ``inventories/lab``:
 
-1. a facts-only play (``gather_facts`` on ``gpu_hosts``, no task), timed ``--facts-runs`` times;
-2. ``playbooks/gpu-passthrough.yml`` once, unmeasured, to converge the lab (skipped with
-   ``--converged``), then ``--noop-runs`` times with nothing to do, timed; a measured run that
-   changes anything makes it say so and exit 1;
+1. ``playbooks/gpu-passthrough.yml`` once, unmeasured, to converge the lab (skipped with
+   ``--converged``);
+2. a facts-only play (``gather_facts`` on ``gpu_hosts``, no task), timed ``--facts-runs`` times,
+   and the playbook with nothing to do, timed ``--noop-runs`` times, alternating (facts, no-op,
+   facts, ...: the lab's speed drifts); a measured run that changes anything makes it say so and
+   exit 1;
 3. the fleet figure: bench/fleet.py's facts-only and no-op plays on ``--fleet-hosts`` local
    staged hosts (its functions, imported), whose per-host marginal projects the lab's one-host
    times to 1,000 hosts (``--fleet-hosts 0`` skips it).
@@ -176,19 +178,33 @@ def timed(
     playbook: Path, runs: int, extra: dict[str, Any], env: dict[str, str], label: str, *, noop: bool = False
 ) -> tuple[Timed, int]:
     """``runs`` timed runs of ``playbook``; with ``noop``, a run that changed anything stops the bench (exit 1)."""
-    seconds: list[float] = []
-    last, skips = None, 0
-    for i in range(runs):
-        print(f"{label} {i + 1}/{runs} ...", file=sys.stderr)
-        last, skips = ansible(playbook, extra, env)
-        seconds.append(last.seconds)
-        if noop:
-            problem = fleet.not_a_noop(last, last.recap["hosts"])
-            if problem:
-                print(problem)
-                raise SystemExit(1)
-    assert last is not None
-    return Timed(seconds, last), skips
+    timed_runs, skips = interleaved([(playbook, runs, label, noop)], extra, env)
+    return timed_runs[0], skips[0]
+
+
+def interleaved(
+    plays: list[tuple[Path, int, str, bool]], extra: dict[str, Any], env: dict[str, str]
+) -> tuple[list[Timed], list[int]]:
+    """Each (playbook, runs, label, noop) run in turn, round by round (facts, no-op, facts, ...):
+    the lab's speed drifts (its guest VM's own work, the machine's neighbours), and alternating
+    puts both plays under the same drift. A no-op run that changed anything stops the bench (exit 1)."""
+    seconds: list[list[float]] = [[] for _ in plays]
+    last: list[fleet.PlayRun | None] = [None for _ in plays]
+    skips = [0 for _ in plays]
+    for i in range(max(runs for _, runs, _, _ in plays)):
+        for k, (playbook, runs, label, noop) in enumerate(plays):
+            if i >= runs:
+                continue
+            print(f"{label} {i + 1}/{runs} ...", file=sys.stderr)
+            run, skips[k] = ansible(playbook, extra, env)
+            seconds[k].append(run.seconds)
+            last[k] = run
+            if noop:
+                problem = fleet.not_a_noop(run, run.recap["hosts"])
+                if problem:
+                    print(problem)
+                    raise SystemExit(1)
+    return [Timed(s, run) for s, run in zip(seconds, last, strict=True) if run is not None], skips
 
 
 def fleet_run(hosts: int, forks: int, work: Path, env: dict[str, str]) -> list[fleet.Point]:
@@ -249,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         if not a.converged:
             print("converging the lab once (not measured) ...", file=sys.stderr)
             ansible(PLAYBOOK, extra, env)
-        facts, _ = timed(facts_pb, a.facts_runs, extra, env, "facts-only")
-        noop, noop_skipped = timed(PLAYBOOK, a.noop_runs, extra, env, "no-op", noop=True)
+        (facts, noop), (_, noop_skipped) = interleaved(
+            [(facts_pb, a.facts_runs, "facts-only", False), (PLAYBOOK, a.noop_runs, "no-op", True)], extra, env
+        )
         points = fleet_run(a.fleet_hosts, a.forks, work / "fleet", env) if a.fleet_hosts > 1 else []
     load = os.getloadavg()[0]
     print(
