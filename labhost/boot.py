@@ -293,7 +293,7 @@ BOOT_STARTS = (FIRMWARE_STARTS, *RESTARTING)
 BOOT_DONE = f"{HOSTNAME} login:"
 WATCHDOG_LIMIT = 240  # seconds from a boot's start to its login prompt (about 30 s normally)
 WATCHDOG_TRIES = 3  # resets in a row without a finished boot before the watchdog gives up
-FIRMWARE_LIMIT = 120  # seconds from a reset to the firmware's hand-over (about 10 s normally)
+FIRMWARE_LIMIT = 60  # seconds from a reset to the firmware's hand-over (about 10 s normally; 20 after a panic=10)
 # Who reset the machine, first word of each run/watchdog.log line after the time stamp:
 # labhost's BMC-like boot watchdog (below) or a hardware watchdog of the guest's own (QEMU's
 # WATCHDOG event: the i6300esb, or q35's ICH9 TCO, which Linux's iTCO_wdt drives).
