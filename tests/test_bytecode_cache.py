@@ -92,10 +92,7 @@ def test_a_later_run_loads_the_cached_code(archive: Path, cache: Path) -> None:
     # Cached code that differs from the source, under the source's own header: a run that
     # prints it read the cache instead of compiling.
     path = entry(cache, "pkgx.a")
-    header = path.read_bytes()[: len(MAGIC_NUMBER) + 32]
-    path.write_bytes(
-        header + marshal.dumps(compile("VALUE = 'cached'\ndef where():\n    return 'x'\n", "a.py", "exec"))
-    )
+    path.write_bytes(planted(path, "cached"))
     assert probe(archive, cache)["a"] == "cached"
 
 
@@ -136,10 +133,7 @@ def test_an_entry_that_is_a_link_is_not_followed(tmp_path: Path, archive: Path, 
     probe(archive, cache)
     path = entry(cache, "pkgx.a")
     decoy = tmp_path / "decoy.pyc"
-    header = path.read_bytes()[: len(MAGIC_NUMBER) + 32]
-    decoy.write_bytes(
-        header + marshal.dumps(compile("VALUE = 'linked'\ndef where():\n    return ''\n", "a.py", "exec"))
-    )
+    decoy.write_bytes(planted(path, "linked"))
     path.unlink()
     path.symlink_to(decoy)
     assert probe(archive, cache)["a"] == "a1"
@@ -158,10 +152,7 @@ def test_a_directory_others_can_write_turns_the_cache_off(archive: Path, cache: 
 def test_an_entry_others_can_write_is_not_read(archive: Path, cache: Path) -> None:
     probe(archive, cache)
     path = entry(cache, "pkgx.a")
-    header = path.read_bytes()[: len(MAGIC_NUMBER) + 32]
-    path.write_bytes(
-        header + marshal.dumps(compile("VALUE = 'planted'\ndef where():\n    return ''\n", "a.py", "exec"))
-    )
+    path.write_bytes(planted(path, "planted"))
     path.chmod(0o666)
     assert probe(archive, cache)["a"] == "a1"
 
