@@ -105,9 +105,10 @@ def write_entry(directory: str, entry: str, header: bytes, code: CodeType) -> No
 class Loader:
     """Loads one module of a zip as zipimport would, with its compiled code kept in the cache."""
 
-    def __init__(self, zip_loader: zipimport.zipimporter, origin: str, directory: str) -> None:
+    def __init__(self, zip_loader: zipimport.zipimporter, origin: str, source: bytes, directory: str) -> None:
         self.zip_loader = zip_loader
         self.origin = origin
+        self.source = source  # read once, by the finder
         self.directory = directory
 
     def __getattr__(self, name: str) -> Any:  # get_data, get_resource_reader, is_package...
@@ -123,12 +124,11 @@ class Loader:
         return self.origin
 
     def get_code(self, fullname: str) -> CodeType:
-        source = self.zip_loader.get_data(self.origin)
-        header = MAGIC_NUMBER + hashlib.sha256(source).digest()
+        header = MAGIC_NUMBER + hashlib.sha256(self.source).digest()
         entry = os.path.join(self.directory, f"{fullname}.{MAGIC_NUMBER.hex()}.pyc")
         code = read_entry(entry, header)
         if code is None:
-            code = compile(source, self.origin, "exec", dont_inherit=True)
+            code = compile(self.source, self.origin, "exec", dont_inherit=True)
             write_entry(self.directory, entry, header, code)
         else:
             fix_co_filename(code, self.origin)
@@ -158,10 +158,11 @@ class Finder:
             inside = f"{importer.archive}{os.sep}{importer.prefix}{name}"
             origin = f"{inside}{os.sep}__init__.py" if is_package else f"{inside}.py"
             try:
-                importer.get_data(origin)  # a source (not a .pyc): ours to compile and cache
+                source = importer.get_data(origin)  # a source (not a .pyc): ours to compile and cache
             except OSError:
                 return None
-            spec = ModuleSpec(fullname, Loader(importer, origin, self.directory), origin=origin, is_package=is_package)
+            loader = Loader(importer, origin, source, self.directory)
+            spec = ModuleSpec(fullname, loader, origin=origin, is_package=is_package)
             if is_package:
                 spec.submodule_search_locations = [inside]
             spec.has_location = True
