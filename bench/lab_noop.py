@@ -174,14 +174,6 @@ def ansible(playbook: Path, extra: dict[str, Any], env: dict[str, str]) -> tuple
     return fleet.PlayRun(seconds, recap, fleet.task_profile(proc.stdout)), skipped(proc.stdout)
 
 
-def timed(
-    playbook: Path, runs: int, extra: dict[str, Any], env: dict[str, str], label: str, *, noop: bool = False
-) -> tuple[Timed, int]:
-    """``runs`` timed runs of ``playbook``; with ``noop``, a run that changed anything stops the bench (exit 1)."""
-    timed_runs, skips = interleaved([(playbook, runs, label, noop)], extra, env)
-    return timed_runs[0], skips[0]
-
-
 def interleaved(
     plays: list[tuple[Path, int, str, bool]], extra: dict[str, Any], env: dict[str, str]
 ) -> tuple[list[Timed], list[int]]:

@@ -107,7 +107,22 @@ def test_a_no_op_run_that_changed_something_stops_the_bench(monkeypatch, capsys)
     changed = "lab-gpu-host : ok=14 changed=2 unreachable=0 failed=0 skipped=9\n"
     monkeypatch.setattr(bench, "ansible", lambda *a: (run(20.0, changed), 9))
     with pytest.raises(SystemExit) as exc:
-        bench.timed(Path("x.yml"), 1, {}, {}, "no-op", noop=True)
+        bench.interleaved([(Path("x.yml"), 1, "no-op", True)], {}, {})
     assert exc.value.code == 1 and "NOT A NO-OP" in capsys.readouterr().out
-    facts, _ = bench.timed(Path("x.yml"), 2, {}, {}, "facts-only")  # facts runs may report anything
+    # facts runs may report anything
+    (facts,), _ = bench.interleaved([(Path("x.yml"), 2, "facts-only", False)], {}, {})
     assert facts.seconds == [20.0, 20.0]
+
+
+def test_the_facts_and_no_op_runs_alternate(monkeypatch) -> None:
+    order: list[str] = []
+
+    def ansible(playbook: Path, *_: object) -> tuple[object, int]:
+        order.append(playbook.name)
+        return run(1.0), 9
+
+    monkeypatch.setattr(bench, "ansible", ansible)
+    plays = [(Path("facts.yml"), 3, "facts-only", False), (Path("noop.yml"), 2, "no-op", True)]
+    (facts, noops), skips = bench.interleaved(plays, {}, {})
+    assert order == ["facts.yml", "noop.yml", "facts.yml", "noop.yml", "facts.yml"]
+    assert (len(facts.seconds), len(noops.seconds), skips) == (3, 2, [9, 9])
