@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import os
 import re
 import shutil
@@ -125,11 +126,17 @@ FILES = {
 REMOVED_FILES = ["etc/libvirt/qemu/networks/autostart/default.xml"]
 
 # The nested guest (inventories/lab: TCG inside the lab host's TCG): the lab's own
-# kernel (/vmlinuz; PCI and the 8250 serial console are built in) and this
-# initramfs: busybox and an /init that prints every PCI device it sees on ttyS0
+# kernel (PCI and the 8250 serial console are built in), decompressed (NESTED_KERNEL), and
+# this initramfs: busybox and an /init that prints every PCI device it sees on ttyS0
 # between two markers (the playbook waits for them in the serial log), then stays
 # up until the ACPI power button (evdev + button modules), so a shutdown is quick.
 NESTED_INITRD = "var/lib/libvirt/boot/gpuprov-nested-initrd.img"
+# The kernel as an ELF vmlinux, not Debian's XZ-compressed bzImage: QEMU boots it straight
+# through its PVH entry (CONFIG_PVH), and TCG inside TCG no longer spends about a minute
+# of every nested boot decompressing 66 MB (measured on the lab: 185 s to the PCI list, against
+# 238 s from /vmlinuz).
+NESTED_KERNEL = "var/lib/libvirt/boot/gpuprov-nested-vmlinux"
+XZ_MAGIC = b"\xfd7zXZ\x00"
 NESTED_MODULES = ["kernel/drivers/input/evdev.ko", "kernel/drivers/acpi/button.ko"]
 NESTED_BEGIN, NESTED_END = "GPUPROV-NESTED-BEGIN", "GPUPROV-NESTED-END"
 NESTED_INIT = f"""\
@@ -175,6 +182,31 @@ def nested_initramfs(busybox: bytes, modules: dict[str, bytes]) -> list[debpkg.C
     ]
     entries += [(f"lib/modules/{name}", stat.S_IFREG | 0o644, data) for name, data in sorted(modules.items())]
     return entries
+
+
+def vmlinux_of(bzimage: bytes) -> bytes:
+    """The ELF kernel inside an XZ-compressed bzImage (the payload's stream: what the kernel's
+    own scripts/extract-vmlinux finds); LabError when there is none."""
+    start = bzimage.find(XZ_MAGIC)
+    if start < 0:
+        raise LabError("the lab's kernel is not XZ-compressed: no vmlinux for the nested guest")
+    xz = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    try:
+        elf = xz.decompress(bzimage[start:])
+    except lzma.LZMAError as exc:
+        raise LabError(f"the lab's kernel: its XZ payload does not decompress ({exc})") from exc
+    if not xz.eof:
+        raise LabError("the lab's kernel: its XZ payload does not decompress (it is cut short)")
+    if not elf.startswith(b"\x7fELF"):
+        raise LabError("the lab's kernel: its XZ payload is no ELF image")
+    return elf
+
+
+def build_nested_kernel(root: Path, kver: str) -> None:
+    out = root / NESTED_KERNEL
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(vmlinux_of((root / "boot" / f"vmlinuz-{kver}").read_bytes()))
+    out.chmod(0o644)
 
 
 def build_nested_initrd(root: Path, kver: str, busybox_deb: Path) -> None:
@@ -379,6 +411,7 @@ def build_rootfs(
         shutil.copy(mtty, extra / "mtty.ko")  # loaded at boot (modules-load.d, FILES)
         chroot(root, "depmod", "-a", kver)
         build_nested_initrd(root, kver, busybox_deb)
+        build_nested_kernel(root, kver)
         for rel in REMOVED_FILES:
             with suppress(FileNotFoundError):
                 (root / rel).unlink()

@@ -7,6 +7,7 @@ The whole lab, booted for real, is molecule/lab (its tests/test_lab.py)."""
 from __future__ import annotations
 
 import json
+import lzma
 import re
 import shlex
 import shutil
@@ -160,6 +161,21 @@ def test_a_device_printed_outside_the_markers_does_not_count(checks: dict) -> No
 # ---------------------------------------------------------------- inventories/lab and the image
 
 
+def test_the_nested_kernel_is_the_elf_inside_the_bzimage() -> None:
+    elf = b"\x7fELF" + bytes(range(256)) * 64
+    setup = b"MZ" + b"\x00" * 500 + b"HdrS"  # the bzImage's real-mode setup, then its payload
+    bzimage = setup + lzma.compress(elf, format=lzma.FORMAT_XZ) + b"\x00" * 16  # and padding after it
+    assert image.vmlinux_of(bzimage) == elf
+    for bad, why in [
+        (setup + b"\x1f\x8b" + b"gzip payload", "not XZ-compressed"),
+        (setup + image.XZ_MAGIC + b"garbage", "does not decompress"),
+        (setup + lzma.compress(elf, format=lzma.FORMAT_XZ)[:-64], "cut short"),
+        (setup + lzma.compress(b"not a kernel", format=lzma.FORMAT_XZ), "no ELF image"),
+    ]:
+        with pytest.raises(common.LabError, match=why):
+            image.vmlinux_of(bad)
+
+
 def test_the_nested_guest_boots_what_the_image_carries(tmp_path: Path) -> None:
     # The lab's declaration resolved on a stand-in of the lab host (edu A and C, the mtty parent).
     fake = FakeHost(tmp_path)
@@ -173,7 +189,7 @@ def test_the_nested_guest_boots_what_the_image_carries(tmp_path: Path) -> None:
     spec, problems = parse_vm(vm)
     assert problems == [] and spec is not None
     assert spec.boot is not None
-    assert spec.boot.kernel == "/vmlinuz"  # the lab's own kernel (linux-image's symlink)
+    assert spec.boot.kernel == "/" + image.NESTED_KERNEL  # the lab's own kernel, decompressed
     assert spec.boot.initrd == "/" + image.NESTED_INITRD
     assert "console=ttyS0" in (spec.boot.cmdline or "").split()
     assert spec.network is None and spec.disk is None and spec.cloud_init is None  # nothing to wait for
