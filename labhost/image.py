@@ -203,10 +203,7 @@ def vmlinux_of(bzimage: bytes) -> bytes:
 
 
 def build_nested_kernel(root: Path, kver: str) -> None:
-    out = root / NESTED_KERNEL
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(vmlinux_of((root / "boot" / f"vmlinuz-{kver}").read_bytes()))
-    out.chmod(0o644)
+    put(root, NESTED_KERNEL, vmlinux_of((root / "boot" / f"vmlinuz-{kver}").read_bytes()))
 
 
 def build_nested_initrd(root: Path, kver: str, busybox_deb: Path) -> None:
@@ -270,10 +267,13 @@ def chroot(root: Path, *argv: str, env: dict[str, str] | None = None) -> str:
     return debpkg.sh(["chroot", str(root), *argv], env={**base, **(env or {})})
 
 
-def put(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
+def put(root: Path, rel: str, content: str | bytes, mode: int = 0o644) -> None:
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
     path.chmod(mode)
 
 
