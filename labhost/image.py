@@ -133,8 +133,9 @@ REMOVED_FILES = ["etc/libvirt/qemu/networks/autostart/default.xml"]
 NESTED_INITRD = "var/lib/libvirt/boot/gpuprov-nested-initrd.img"
 # The kernel as an ELF vmlinux, not Debian's XZ-compressed bzImage: QEMU boots it straight
 # through its PVH entry (CONFIG_PVH), and TCG inside TCG no longer spends about a minute
-# of every nested boot decompressing 66 MB (measured on the lab: 185 s to the PCI list, against
-# 238 s from /vmlinuz).
+# of every nested boot decompressing 66 MB (measured on the lab, 2026-11-23: about 240 s to the
+# PCI list from /vmlinuz in a converge, 185 s from the vmlinux; the boot arguments in
+# inventories/lab take it to 136 s).
 NESTED_KERNEL = "var/lib/libvirt/boot/gpuprov-nested-vmlinux"
 XZ_MAGIC = b"\xfd7zXZ\x00"
 NESTED_MODULES = ["kernel/drivers/input/evdev.ko", "kernel/drivers/acpi/button.ko"]
