@@ -29,6 +29,7 @@ ROLES = [
     "guest_container_toolkit",
     "guest_nvidia_driver",
     "host_model",
+    "host_plan",
     "iommu_host",
     "vfio_host",
     "vgpu_host",

@@ -99,3 +99,47 @@ def test_vfio_host_resolves_the_declaration_in_vfio_binds_own_run(tmp_path: Path
     assert bind["ansible_facts"]["gpuprov_model"]["vfio_devices"] == ["0000:01:00.0"]
     assert "0000:01:00.0" in bind["devices"] and any(line.startswith("would ") for line in bind["plan"])
     assert [r["gpuprov_model.vfio_devices"] for name, r in tasks if name == "hosts: the model"] == [["0000:01:00.0"]]
+
+
+def hosts_stage(root: str) -> dict:
+    """playbooks/hosts.yml's roles after the IOMMU (a staged root owes a reboot: iommu_boot always runs)."""
+    return {
+        "name": "hosts",
+        "hosts": "localhost",
+        "connection": "local",
+        "gather_facts": False,
+        "vars": {"host_model_root": root, "vfio_host_root": root, "vgpu_host_root": root},
+        "roles": [
+            {"role": "gpuprov.kvm.host_plan"},
+            {"role": "gpuprov.kvm.vfio_host"},
+            {"role": "gpuprov.kvm.vgpu_host"},
+            {"role": "gpuprov.kvm.host_model"},
+        ],
+    }
+
+
+BIND = "Bind the devices to vfio-pci (or give them back)"
+VGPU = "Give each GPU its vGPU instances (mdevctl installed first where an mdev entry needs it)"
+
+
+def test_a_converged_host_runs_one_module_and_a_change_reopens_the_rest(tmp_path: Path, roots) -> None:
+    # issue #14 (docs/concepts/plan-gate.md): the roles skip what host_plan planned with nothing to do.
+    first, _ = roots
+    ran = run(tmp_path, [hosts_stage("{{ first_root }}")], first)
+    by_name = dict(ran)
+    assert (
+        by_name[BIND]["changed"] is True
+        and "vfio_bind"
+        in by_name["Plan the host-side concerns ahead (a converged host runs no other module)"]["pending"]
+    )
+    assert not by_name[VGPU].get("skipped")  # its module ran after a change
+    assert by_name[RESOLVE].get("skipped")  # host_plan resolved the model: no gpu_host_model run
+
+    again = dict(run(tmp_path, [hosts_stage("{{ first_root }}")], first))
+    assert again[BIND].get("skipped") and again[VGPU].get("skipped")  # one module run: gpu_host_plan's
+    assert again[RESOLVE].get("skipped")
+
+    # The binding's udev rule removed: vfio_bind runs and changes it, and gpu_vgpu after it runs too.
+    (first / "etc/udev/rules.d/61-gpuprov-vfio.rules").unlink()
+    reopened = dict(run(tmp_path, [hosts_stage("{{ first_root }}")], first))
+    assert reopened[BIND]["changed"] is True and not reopened[VGPU].get("skipped")

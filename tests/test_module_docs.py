@@ -33,18 +33,41 @@ def module_parts(name: str) -> tuple[dict[str, str], dict[str, dict[str, Any]], 
     """(DOCUMENTATION/EXAMPLES/RETURN texts, argument spec, names of the functions main() calls)."""
     tree = ast.parse(MODULE_FILES[name].read_text())
     docs: dict[str, str] = {}
-    spec: dict[str, dict[str, Any]] = {}
     calls: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             for target in node.targets:
                 if isinstance(target, ast.Name) and target.id in ("DOCUMENTATION", "EXAMPLES", "RETURN"):
                     docs[target.id] = node.value.value
-        if isinstance(node, ast.keyword) and node.arg == "argument_spec" and isinstance(node.value, ast.Dict):
-            spec = ast.literal_eval(node.value)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             calls.add(node.func.id)
-    return docs, spec, calls
+    return docs, argument_spec(name), calls
+
+
+class _Constructed(Exception):
+    """Raised in place of building the module's AnsibleModule, carrying what it was given."""
+
+
+def _capture(**kwargs: Any) -> None:
+    raise _Constructed(kwargs)
+
+
+def argument_spec(name: str) -> dict[str, dict[str, Any]]:
+    """The spec main() gives AnsibleModule (some modules keep it in module_utils, shared with
+    gpu_host_plan), captured from the built collection as ansible-test's validate-modules does."""
+    path = str(collections_path())
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    module = importlib.import_module(f"ansible_collections.gpuprov.kvm.plugins.modules.{name}")
+    original = module.AnsibleModule
+    module.AnsibleModule = _capture
+    try:
+        module.main()
+    except _Constructed as built:
+        return built.args[0]["argument_spec"]
+    finally:
+        module.AnsibleModule = original
+    raise AssertionError(f"{name}: main() built no AnsibleModule")
 
 
 def fragment(name: str) -> Any:
@@ -75,6 +98,7 @@ def test_there_are_modules() -> None:
         "apt_keyring",
         "gpu_host_facts",
         "gpu_host_model",
+        "gpu_host_plan",
         "gpu_verify",
         "gpu_vgpu",
         "gpu_vm",

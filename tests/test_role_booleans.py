@@ -38,7 +38,7 @@ def role_booleans() -> dict[str, str]:
 
 def test_every_boolean_role_variable_is_read_through_bool() -> None:
     """Outside YAML keys and prose (``name: true``), each use of a boolean role variable in the
-    roles' tasks, handlers and vars is ``name | bool``."""
+    roles' tasks, handlers and vars is ``name | bool`` (or a test for null)."""
     booleans = role_booleans()
     assert "iommu_host_allow_reboot" in booleans and len(booleans) >= 20
     unfiltered = []
@@ -50,7 +50,8 @@ def test_every_boolean_role_variable_is_read_through_bool() -> None:
             for name in booleans:
                 for m in re.finditer(rf"(?<![\w.]){name}(?!\w)", code):
                     rest = code[m.end() :]
-                    if not re.match(r"\s*(\|\s*bool\b|:)", rest):
+                    # "is none": unset (null: the declaration's), not a truth value.
+                    if not re.match(r"\s*(\|\s*bool\b|:|is\s+(not\s+)?none\b)", rest):
                         unfiltered.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert unfiltered == []
 

@@ -48,8 +48,18 @@ options:
       - The C(gpuprov_gpus) mapping, keyed by full PCI address (C(0000:41:00.0)) or mdev parent name.
       - Each value has C(use) (C(passthrough), C(host), C(mdev), C(sriov_vgpu) or C(mig)) and the key that use takes
         (C(mdevs), C(vgpus) or C(mig)).
+      - Neither O(gpus) nor O(host) is the empty mapping.
     type: dict
-    default: {}
+  host:
+    description:
+      - The host's declaration, C(gpuprov_host) (docs/reference/host-model.md), instead of O(gpus). It is resolved in
+        this module run from the facts the module reads anyway, exactly as M(gpuprov.kvm.gpu_host_model) resolves it
+        (refused the same way), and its GPUs' layout is what the module brings about (role vgpu_host passes the
+        declaration whenever there is one, so M(gpuprov.kvm.gpu_host_plan) can plan the same call ahead).
+    type: dict
+  layouts:
+    description: With O(host), the named vGPU layouts, C(gpuprov_layouts) (docs/reference/formats.md).
+    type: dict
   scheduler:
     description:
       - NVIDIA vGPU scheduler for time-sliced vGPUs, written to C(/etc/modprobe.d/gpuprov-vgpu-scheduler.conf)
@@ -62,9 +72,10 @@ options:
     description: Time slice of equal_share or fixed_share, 1 to 30 ms (RmPVMRL=0x00TT0001 or 0x00TT0011).
     type: int
   mixed_vgpu_types:
-    description: The GPUs run NVIDIA's mixed-size vGPU mode, so one GPU may hold time-sliced vGPUs of several types.
+    description:
+      - The GPUs run NVIDIA's mixed-size vGPU mode, so one GPU may hold time-sliced vGPUs of several types.
+      - Unset, the declaration's setting with O(host), else false.
     type: bool
-    default: false
   persistent:
     description: Write the mdevctl definitions, the saved layout and the boot unit.
     type: bool
@@ -216,48 +227,23 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov import modsupport_vgpu
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.apply.vgpu import first_pass
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, warn_or_refuse
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_model import resolve_or_refuse
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import ApplyError, Plan
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vgpu.config import VgpuRequest
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vgpu.plan import plan_host
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.inputs import validate_gpu_vgpu_options
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "gpus": {"type": "dict", "default": {}},
-            "scheduler": {"type": "str", "choices": ["best_effort", "equal_share", "fixed_share"]},
-            "scheduler_timeslice_ms": {"type": "int"},
-            "mixed_vgpu_types": {"type": "bool", "default": False},
-            "persistent": {"type": "bool", "default": True},
-            "prune": {"type": "bool", "default": False},
-            "allow_mig_mode_change": {"type": "bool", "default": False},
-            "install_mdevctl": {"type": "bool", "default": False},
-            "runner_sha256": {"type": "str"},
-            "root": {"type": "path", "default": "/"},
-        },
-        supports_check_mode=True,
+        argument_spec=modsupport_vgpu.ARGUMENT_SPEC, supports_check_mode=True, **modsupport_vgpu.RULES
     )
     p = module.params
-    problems = validate_gpu_vgpu_options(p)
+    problems = modsupport_vgpu.option_problems(p)
     if problems:
         warn_or_refuse(module, Plan(refusals=problems), {"plan": [], "not_run": [], "root": p["root"]})
         return
-    request = VgpuRequest(
-        gpus=p["gpus"],
-        scheduler=p["scheduler"],
-        scheduler_timeslice_ms=p["scheduler_timeslice_ms"],
-        mixed_vgpu_types=p["mixed_vgpu_types"],
-        persistent=p["persistent"],
-        prune=p["prune"],
-        allow_mig_mode_change=p["allow_mig_mode_change"],
-        install_mdevctl=p["install_mdevctl"],
-        runner_sha256=p["runner_sha256"],
-    )
-    plan = plan_host(Sysfs(p["root"]), request)
+    plan, request = modsupport_vgpu.plan(p, lambda doc, facts: resolve_or_refuse(module, doc, facts))
     try:
         plan, first = first_pass(p["root"], request, plan, check=module.check_mode)
     except ApplyError as exc:

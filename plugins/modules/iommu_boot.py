@@ -187,58 +187,16 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.bootloader import gather_boot_inputs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov import modsupport_boot
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, finish_failed
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.boot_trial import BootRequest, plan_boot
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "passthrough": {"type": "bool", "default": True},
-            "extra_args": {"type": "list", "elements": "str", "default": []},
-            "vfio_modules": {"type": "list", "elements": "str", "default": ["vfio", "vfio_iommu_type1", "vfio_pci"]},
-            "variable": {"type": "str", "default": "GRUB_CMDLINE_LINUX_DEFAULT"},
-            "trial": {"type": "bool", "default": True},
-            "reboot_allowed": {"type": "bool", "default": False},
-            "panic_seconds": {"type": "int", "default": 10},
-            "watchdog_seconds": {"type": "int", "default": 600},
-            "watchdog_module": {"type": "str"},
-            "retry_failed": {"type": "bool", "default": False},
-            "expect_vfio": {"type": "list", "elements": "str", "default": []},
-            "trial_check": {"type": "list", "elements": "str", "default": []},
-            "root": {"type": "path", "default": "/"},
-        },
-        supports_check_mode=True,
+        argument_spec=modsupport_boot.ARGUMENT_SPEC, supports_check_mode=True, **modsupport_boot.RULES
     )
     p = module.params
-    request = BootRequest(
-        passthrough=p["passthrough"],
-        extra_args=p["extra_args"],
-        vfio_modules=p["vfio_modules"],
-        variable=p["variable"],
-        trial=p["trial"],
-        reboot_allowed=p["reboot_allowed"],
-        panic_seconds=p["panic_seconds"],
-        watchdog_seconds=p["watchdog_seconds"],
-        watchdog_module=p["watchdog_module"],
-        retry_failed=p["retry_failed"],
-        expect_vfio=p["expect_vfio"],
-    )
-    inputs = gather_boot_inputs(Sysfs(p["root"]), p["expect_vfio"], p["trial_check"])
-    plan = plan_boot(inputs, request)
-    extra = {
-        "stage": plan.stage,
-        "reboot": plan.reboot,
-        "reboot_required": plan.reboot_required,
-        "trial_id": plan.trial_id,
-        "trial_args": plan.trial_args,
-        "added": plan.added,
-        "args_before": plan.args_before,
-        "args_after": plan.args_after,
-        "bootloader": f"{inputs.boot.loader} ({inputs.boot.evidence})",
-    }
+    plan, extra = modsupport_boot.plan(p)
     if plan.failure:
         finish_failed(module, plan, p["root"], plan.failure, **extra)
     finish(module, plan, p["root"], **extra)

@@ -144,53 +144,19 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov import modsupport_vfio
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_model import (
-    declaration,
-    resolve_or_refuse,
-)
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import read_text
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vfio import (
-    MANAGED_FILES,
-    VfioPlan,
-    VfioRequest,
-    initramfs_tools,
-    plan_vfio,
-)
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_model import resolve_or_refuse
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "devices": {"type": "list", "elements": "str"},
-            "host": {"type": "dict"},
-            "layouts": {"type": "dict"},
-            "state": {"type": "str", "choices": ["bound", "unbound"], "default": "bound"},
-            "persistent": {"type": "bool", "default": True},
-            "allow_unsafe": {"type": "list", "elements": "str", "default": []},
-            "root": {"type": "path", "default": "/"},
-        },
-        mutually_exclusive=[("devices", "host")],
-        required_one_of=[("devices", "host")],
-        required_by={"layouts": "host"},
-        supports_check_mode=True,
+        argument_spec=modsupport_vfio.ARGUMENT_SPEC, supports_check_mode=True, **modsupport_vfio.RULES
     )
     p = module.params
-    sysfs = Sysfs(p["root"])
-    facts = gather(sysfs)
-    devices, model = p["devices"], {}
-    if p["host"] is not None:
-        resolved = resolve_or_refuse(module, declaration(p["host"], p["layouts"]), facts)
-        devices, model = resolved.vfio_devices, {"ansible_facts": {"gpuprov_model": resolved.derived()}}
-    request = VfioRequest(devices=devices, state=p["state"], persistent=p["persistent"], allow_unsafe=p["allow_unsafe"])
-    files = {path: read_text(sysfs, path) for path in MANAGED_FILES}
-    # A declaration with no passthrough GPU binds nothing and leaves vfio's files as they are (as
-    # role vfio_host does with an empty vfio_host_devices).
-    resolved_none = p["host"] is not None and not devices
-    plan = VfioPlan() if resolved_none else plan_vfio(facts, request, files, initramfs_tools(sysfs))
-    finish(module, plan, p["root"], devices=plan.bind_set, previous_drivers=plan.previous_drivers, **model)
+    plan, model = modsupport_vfio.plan(p, lambda doc, facts: resolve_or_refuse(module, doc, facts))
+    extra = {} if model is None else {"ansible_facts": {"gpuprov_model": model.derived()}}
+    finish(module, plan, p["root"], devices=plan.bind_set, previous_drivers=plan.previous_drivers, **extra)
 
 
 if __name__ == "__main__":

@@ -63,9 +63,9 @@ def _plan_mdevctl_install(entries: list[Entry], request: VgpuRequest, inputs: Ho
 
 
 def read_host(
-    sysfs: Sysfs, request: VgpuRequest, run: Runner | None = None
+    sysfs: Sysfs, request: VgpuRequest, run: Runner | None = None, facts: HostFacts | None = None
 ) -> tuple[HostFacts, HostInputs, MigFacts | None]:
-    facts = gather(sysfs)
+    facts = facts if facts is not None else gather(sysfs)
     inputs = read_inputs(sysfs, facts)
     gpus = request.gpus if isinstance(request.gpus, dict) else {}
     uses = {v.get("use") for v in gpus.values() if isinstance(v, dict)}
@@ -76,6 +76,9 @@ def read_host(
     return facts, inputs, (read_mig(sysfs, run) if "mig" in uses else None)
 
 
-def plan_host(sysfs: Sysfs, request: VgpuRequest, run: Runner | None = None) -> VgpuPlan:
-    facts, inputs, mig = read_host(sysfs, request, run)
+def plan_host(
+    sysfs: Sysfs, request: VgpuRequest, run: Runner | None = None, facts: HostFacts | None = None
+) -> VgpuPlan:
+    """``facts``: the host's, when the caller has read them (to resolve a declaration) already."""
+    facts, inputs, mig = read_host(sysfs, request, run, facts)
     return plan_vgpu(facts, request, inputs, mig)

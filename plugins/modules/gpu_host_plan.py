@@ -1,0 +1,137 @@
+#!/usr/bin/python
+# Copyright: gpuprov contributors
+# Apache License 2.0
+"""Ansible module gpu_host_plan: plan every host-side concern in one module run, so a converged host
+runs no other module (issue #14; docs/concepts/plan-gate.md)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_host_plan
+short_description: Plan the host-side concerns ahead in one module run and say which have nothing to do
+description:
+  - Runs the read-and-plan step of M(gpuprov.kvm.iommu_boot), M(gpuprov.kvm.vfio_bind) and
+    M(gpuprov.kvm.gpu_vgpu) (the same code those modules run) for the options each role would give them,
+    from one read of the host, and changes nothing.
+  - A concern is converged when its module would change nothing, reboot nothing, install nothing, refuse
+    nothing and warn of nothing; its key is then in RV(converged) and the role may skip its module. Anything
+    else, an option the module would reject or a read that failed included, leaves the concern pending, and
+    its module runs as it would without this one (fail closed).
+  - A verdict holds only for the options planned (the key the role gives is a digest of them) and until
+    something changes the host; the roles forget every verdict when one of their modules changed something.
+    The role host_plan runs this module first in playbooks/hosts.yml.
+  - With a declaration (O(concerns.vfio_bind.options.host)), the resolved model is returned as the fact
+    C(gpuprov_model), as M(gpuprov.kvm.gpu_host_model) returns it, so no other module resolves it again.
+  - The target needs no gpuprov installed; the logic travels with the module.
+version_added: "0.3.0"
+author: gpuprov contributors (@gpuprov)
+options:
+  concerns:
+    description: The concerns to plan, by module name; a concern left out is not planned.
+    type: dict
+    required: true
+    suboptions:
+      iommu_boot:
+        description: The call of M(gpuprov.kvm.iommu_boot) to plan.
+        type: dict
+        suboptions: &concern
+          options:
+            description: The module's options, as the role passes them.
+            type: dict
+            required: true
+          key:
+            description: What RV(converged) holds when the call has nothing to do (the role's digest of O(concerns.iommu_boot.options)).
+            type: str
+            required: true
+      vfio_bind:
+        description: The call of M(gpuprov.kvm.vfio_bind) to plan.
+        type: dict
+        suboptions: *concern
+      gpu_vgpu:
+        description: The call of M(gpuprov.kvm.gpu_vgpu) to plan.
+        type: dict
+        suboptions: *concern
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; changes nothing, in check mode or not.
+  diff_mode:
+    support: none
+  facts:
+    support: full
+  platform:
+    platforms: posix
+seealso:
+  - name: Planning ahead
+    description: docs/concepts/plan-gate.md in the gpuprov repository.
+    link: https://github.com/gpuprov/gpuprov
+"""
+
+EXAMPLES = r"""
+# The role host_plan does this for the roles iommu_host, vfio_host and vgpu_host, with the options
+# each keeps in its vars/main.yml; a role then runs its module only when its key is not converged.
+- name: Plan the vfio binding of the declared host ahead
+  gpuprov.kvm.gpu_host_plan:
+    concerns:
+      vfio_bind:
+        options: "{{ vfio_options }}"
+        key: "{{ vfio_options | string | hash('sha1') }}"
+  vars:
+    vfio_options: {host: "{{ gpuprov_host }}", state: bound}
+  register: ahead
+
+- name: Say what is left to do
+  ansible.builtin.debug:
+    msg: "{{ ahead.pending }}"
+"""
+
+RETURN = r"""
+converged:
+  description: The keys of the concerns whose module would do and say nothing.
+  returned: success
+  type: list
+  elements: str
+pending:
+  description: Each concern planned that is not converged, by module name, with why its module must run.
+  returned: success
+  type: dict
+ansible_facts:
+  description: Facts to add to the host's facts.
+  returned: when a declaration resolved
+  type: dict
+  contains:
+    gpuprov_model:
+      description: What the stages derive from the declaration, as M(gpuprov.kvm.gpu_host_model) returns it.
+      returned: when a declaration resolved
+      type: dict
+model_root:
+  description: The root the declaration was resolved on (role host_model's marker).
+  returned: when a declaration resolved
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_plan import CONCERNS, plan_ahead
+
+
+def main() -> None:
+    concern = {"type": "dict", "options": {"options": {"type": "dict", "required": True}, "key": {"type": "str", "required": True}}}
+    module = AnsibleModule(
+        argument_spec={"concerns": {"type": "dict", "required": True, "options": {name: concern for name in CONCERNS}}},
+        supports_check_mode=True,
+    )
+    ahead = plan_ahead(module.params["concerns"])
+    for warning in ahead.warnings:
+        module.warn(warning)
+    result = {"changed": False, "converged": ahead.converged, "pending": ahead.pending}
+    if ahead.model is not None:
+        result.update(ansible_facts={"gpuprov_model": ahead.model.derived()}, model_root=ahead.model_root)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
