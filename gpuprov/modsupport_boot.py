@@ -64,7 +64,7 @@ def plan(p: dict[str, Any]) -> tuple[BootPlan, dict[str, Any]]:
 
 def pending(p: dict[str, Any]) -> str | None:
     """Why the module must run for ``p`` (None: it would change, reboot and say nothing)."""
-    boot, _ = plan(p)
+    boot = plan(p)[0]
     said = quiet(boot, p["root"])
     if said is None and (boot.stage != "converged" or boot.reboot != "none" or boot.reboot_required or boot.failure):
         return f"the boot is {boot.stage}, reboot {boot.reboot}" + (" (one is owed)" if boot.reboot_required else "")

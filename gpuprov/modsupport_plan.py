@@ -68,7 +68,7 @@ class _Host:
 
 
 def plan_ahead(concerns: dict[str, Any]) -> Ahead:
-    """``concerns``: module name -> {"options": the role's options, "key": its digest} (or None)."""
+    """``concerns``: module name -> {"options": the role's options, "digest": their digest} (or None)."""
     ahead = Ahead()
     host = _Host(ahead)
     for name, given in concerns.items():
@@ -76,7 +76,7 @@ def plan_ahead(concerns: dict[str, Any]) -> Ahead:
             continue
         reason = _pending(name, given["options"], host)
         if reason is None:
-            ahead.converged.append(given["key"])
+            ahead.converged.append(given["digest"])
         else:
             ahead.pending[name] = reason
     return ahead

@@ -56,7 +56,7 @@ def plan(p: dict[str, Any], resolver: Resolver, facts: HostFacts | None = None) 
 
 def pending(p: dict[str, Any], resolver: Resolver, facts: HostFacts | None = None) -> str | None:
     """Why the module must run for ``p`` (None: it would change and say nothing)."""
-    vfio, _ = plan(p, resolver, facts)
+    vfio = plan(p, resolver, facts)[0]
     return quiet(vfio, p["root"])
 
 

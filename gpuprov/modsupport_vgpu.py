@@ -71,7 +71,7 @@ def pending(p: dict[str, Any], resolver: Resolver, facts: HostFacts | None = Non
     """Why the module must run for ``p`` (None: it would change, install and say nothing)."""
     if option_problems(p):
         return "its options are refused"
-    vgpu, _ = plan(p, resolver, facts)
+    vgpu = plan(p, resolver, facts)[0]
     if vgpu.install is not None or vgpu.second_pass or vgpu.reboot_required:
         return "a first pass or a reboot is owed"
     if vgpu.runner == "install":

@@ -30,7 +30,7 @@ MDEV_HOST = {
 
 def ahead(python: str, **concerns: dict[str, Any]) -> dict[str, Any]:
     """gpu_host_plan on ``concerns`` (module name -> its options), each keyed by its module's name."""
-    given = {name: {"options": options, "key": f"key-{name}"} for name, options in concerns.items()}
+    given = {name: {"options": options, "digest": f"key-{name}"} for name, options in concerns.items()}
     result = run_module(python, "gpu_host_plan", {"concerns": given})
     assert not result["failed"] and result["changed"] is False, result.get("msg")
     return result

@@ -14,14 +14,15 @@ description:
   - Runs the read-and-plan step of M(gpuprov.kvm.iommu_boot), M(gpuprov.kvm.vfio_bind) and
     M(gpuprov.kvm.gpu_vgpu) (the same code those modules run) for the options each role would give them,
     from one read of the host, and changes nothing.
-  - A concern is converged when its module would change nothing, reboot nothing, install nothing, refuse
-    nothing and warn of nothing; its key is then in RV(converged) and the role may skip its module. Anything
-    else, an option the module would reject or a read that failed included, leaves the concern pending, and
-    its module runs as it would without this one (fail closed).
-  - A verdict holds only for the options planned (the key the role gives is a digest of them) and until
-    something changes the host; the roles forget every verdict when one of their modules changed something.
-    The role host_plan runs this module first in playbooks/hosts.yml.
-  - With a declaration (O(concerns.vfio_bind.options.host)), the resolved model is returned as the fact
+  - A concern is converged when its module would change nothing, reboot nothing, install nothing,
+    refuse nothing and warn of nothing; its digest (O(concerns.iommu_boot.digest) and the like) is then
+    in RV(converged) and the role may skip its module. Anything else, an option the module would reject
+    or a read that failed included, leaves the concern pending, and its module runs as it would without
+    this one (fail closed).
+  - A verdict holds only for the options planned (the role gives their digest) and until something
+    changes the host; the roles forget every verdict when one of their modules changed something. The
+    role host_plan runs this module first in playbooks/hosts.yml.
+  - With a declaration (C(host) in the options of O(concerns.vfio_bind)), the resolved model is returned as the fact
     C(gpuprov_model), as M(gpuprov.kvm.gpu_host_model) returns it, so no other module resolves it again.
   - The target needs no gpuprov installed; the logic travels with the module.
 version_added: "0.3.0"
@@ -40,8 +41,8 @@ options:
             description: The module's options, as the role passes them.
             type: dict
             required: true
-          key:
-            description: What RV(converged) holds when the call has nothing to do (the role's digest of O(concerns.iommu_boot.options)).
+          digest:
+            description: What RV(converged) holds when the call has nothing to do (the role's digest of its options).
             type: str
             required: true
       vfio_bind:
@@ -73,13 +74,13 @@ seealso:
 
 EXAMPLES = r"""
 # The role host_plan does this for the roles iommu_host, vfio_host and vgpu_host, with the options
-# each keeps in its vars/main.yml; a role then runs its module only when its key is not converged.
+# each keeps in its vars/main.yml; a role then runs its module only when its digest is not converged.
 - name: Plan the vfio binding of the declared host ahead
   gpuprov.kvm.gpu_host_plan:
     concerns:
       vfio_bind:
         options: "{{ vfio_options }}"
-        key: "{{ vfio_options | string | hash('sha1') }}"
+        digest: "{{ vfio_options | string | hash('sha1') }}"
   vars:
     vfio_options: {host: "{{ gpuprov_host }}", state: bound}
   register: ahead
@@ -119,7 +120,10 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_pla
 
 
 def main() -> None:
-    concern = {"type": "dict", "options": {"options": {"type": "dict", "required": True}, "key": {"type": "str", "required": True}}}
+    concern = {
+        "type": "dict",
+        "options": {"options": {"type": "dict", "required": True}, "digest": {"type": "str", "required": True}},
+    }
     module = AnsibleModule(
         argument_spec={"concerns": {"type": "dict", "required": True, "options": {name: concern for name in CONCERNS}}},
         supports_check_mode=True,
