@@ -5,6 +5,7 @@ argument spec's; attributes, FQCN examples, the shared fragments and RETURN entr
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import json
 import os
@@ -44,30 +45,42 @@ def module_parts(name: str) -> tuple[dict[str, str], dict[str, dict[str, Any]], 
     return docs, argument_spec(name), calls
 
 
-class _Constructed(Exception):
-    """Raised in place of building the module's AnsibleModule, carrying what it was given."""
+# Run in a fresh interpreter: this one may have imported another ``ansible_collections`` (ansible's
+# own, from site-packages) before, which the collection's modules cannot be imported from.
+_CAPTURE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import importlib
+class Constructed(Exception):
+    pass
+def capture(**kwargs):
+    raise Constructed(kwargs)
+specs = {}
+for name in sys.argv[2:]:
+    module = importlib.import_module("ansible_collections.gpuprov.kvm.plugins.modules." + name)
+    module.AnsibleModule = capture
+    try:
+        module.main()
+    except Constructed as built:
+        specs[name] = built.args[0]["argument_spec"]
+print(json.dumps(specs))
+"""
 
 
-def _capture(**kwargs: Any) -> None:
-    raise _Constructed(kwargs)
+@functools.cache
+def argument_specs() -> dict[str, dict[str, dict[str, Any]]]:
+    """The spec each module's main() gives AnsibleModule (some keep it in module_utils, shared with
+    gpu_host_plan), captured from the built collection as ansible-test's validate-modules does."""
+    cmd = [sys.executable, "-c", _CAPTURE, str(collections_path()), *MODULES]
+    proc = subprocess.run(cmd, cwd="/", capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
 
 
 def argument_spec(name: str) -> dict[str, dict[str, Any]]:
-    """The spec main() gives AnsibleModule (some modules keep it in module_utils, shared with
-    gpu_host_plan), captured from the built collection as ansible-test's validate-modules does."""
-    path = str(collections_path())
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    module = importlib.import_module(f"ansible_collections.gpuprov.kvm.plugins.modules.{name}")
-    original = module.AnsibleModule
-    module.AnsibleModule = _capture
-    try:
-        module.main()
-    except _Constructed as built:
-        return built.args[0]["argument_spec"]
-    finally:
-        module.AnsibleModule = original
-    raise AssertionError(f"{name}: main() built no AnsibleModule")
+    specs = argument_specs()
+    assert name in specs, f"{name}: main() built no AnsibleModule"
+    return specs[name]
 
 
 def fragment(name: str) -> Any:
