@@ -7,10 +7,12 @@ over the same hosts and forks, two plays are timed (``time.perf_counter`` around
 ``ansible-playbook``, and the per-task profile of ``ansible.posix.profile_tasks``):
 
 * facts-only: ``gpuprov.kvm.gpu_host_facts`` on the staged root;
-* no-op converge: ``vfio_bind`` with a ``gpuprov_host`` declaring the capture's GPU ``use:
-  passthrough`` (resolved in its own run, as role vfio_host does), ``kernel_cmdline`` and
-  ``gpu_vgpu`` (an empty layout), each with ``root`` the staged root. The roots are converged
-  once, unmeasured, first; the measured run must change nothing (else exit 1).
+* no-op converge, the host stage of ``playbooks/hosts.yml``: ``gpu_host_plan`` plans
+  ``iommu_boot``, ``vfio_bind`` (a ``gpuprov_host`` declaring the capture's GPU ``use:
+  passthrough``) and ``gpu_vgpu`` (an empty layout) ahead, each with ``root`` the staged root,
+  and each module runs only where that plan found something to do (as the roles do,
+  docs/concepts/plan-gate.md). The roots are converged once, unmeasured, first; the measured
+  run must change nothing (else exit 1).
 
 Per forks it prints t(N), the ratio, the per-host marginal cost (t(N) - t(1)) / (N - 1) and
 the projection t(1) + 999 x marginal to 1,000 hosts (docs/development/benchmarks.md).
@@ -56,22 +58,52 @@ FACTS_PLAY = [
         "tasks": [{"name": "gpu_host_facts", "gpuprov.kvm.gpu_host_facts": {"root": "{{ gpuprov_root }}"}}],
     }
 ]
+# Each concern's options in one place, as the roles keep them in their vars/main.yml: the gate task
+# plans them ahead and the module task passes the same variable (docs/concepts/plan-gate.md).
+CONCERN_OPTIONS = {
+    # As role iommu_host does (its IOMMU arguments are already in the staged GRUB file).
+    "iommu_boot": {"root": "{{ gpuprov_root }}"},
+    # As role vfio_host does: the declaration resolved in vfio_bind's own run (issue #14).
+    "vfio_bind": {"host": "{{ gpuprov_host }}", "root": "{{ gpuprov_root }}"},
+    "gpu_vgpu": {"gpus": {}, "root": "{{ gpuprov_root }}"},
+}
+
+
+def _digest(concern: str) -> str:
+    """The Jinja expression of the concern's digest, computed alike by the gate and the module task."""
+    return f"fleet_{concern} | string | hash('sha1')"
+
+
+def _gated(concern: str) -> dict[str, Any]:
+    """The concern's module, skipped when the plan found its options converged (as each role does)."""
+    return {
+        "name": concern,
+        f"gpuprov.kvm.{concern}": {key: f"{{{{ fleet_{concern}.{key} }}}}" for key in CONCERN_OPTIONS[concern]},
+        "when": f"({_digest(concern)}) not in fleet_converged",
+    }
+
+
+# The host stage of playbooks/hosts.yml on a staged root: role host_plan's one planning run, then
+# each role's module only where the plan found something to do. A converged host runs one module.
 CONVERGE_PLAY = [
     {
         "name": "no-op converge",
         "hosts": "all",
         "gather_facts": False,
+        "vars": {f"fleet_{concern}": options for concern, options in CONCERN_OPTIONS.items()},
         "tasks": [
             {
-                # As role vfio_host does: the declaration resolved in vfio_bind's own run (issue #14).
-                "name": "vfio_bind",
-                "gpuprov.kvm.vfio_bind": {"host": "{{ gpuprov_host }}", "root": "{{ gpuprov_root }}"},
+                "name": "gpu_host_plan",
+                "gpuprov.kvm.gpu_host_plan": {
+                    "concerns": {
+                        concern: {"options": f"{{{{ fleet_{concern} }}}}", "digest": f"{{{{ {_digest(concern)} }}}}"}
+                        for concern in CONCERN_OPTIONS
+                    }
+                },
+                "register": "fleet_plan",
             },
-            {
-                "name": "kernel_cmdline",
-                "gpuprov.kvm.kernel_cmdline": {"arguments": KERNEL_ARGUMENTS, "root": "{{ gpuprov_root }}"},
-            },
-            {"name": "gpu_vgpu", "gpuprov.kvm.gpu_vgpu": {"gpus": {}, "root": "{{ gpuprov_root }}"}},
+            {"name": "verdicts", "ansible.builtin.set_fact": {"fleet_converged": "{{ fleet_plan.converged }}"}},
+            *(_gated(concern) for concern in CONCERN_OPTIONS),
         ],
     }
 ]
