@@ -69,16 +69,23 @@ CONCERN_OPTIONS = {
 }
 
 
+def _options_var(concern: str) -> str:
+    """The play variable holding the concern's options (a role's ``__<role>_options``)."""
+    return f"fleet_{concern}"
+
+
 def _digest(concern: str) -> str:
     """The Jinja expression of the concern's digest, computed alike by the gate and the module task."""
-    return f"fleet_{concern} | string | hash('sha1')"
+    return f"{_options_var(concern)} | string | hash('sha1')"
 
 
 def _gated(concern: str) -> dict[str, Any]:
-    """The concern's module, skipped when the plan found its options converged (as each role does)."""
+    """The concern's module, skipped when the plan found its options converged, as each role does. (A
+    role also forgets every verdict once its module changed something; a measured run changes
+    nothing, and a module that did would make it exit 1.)"""
     return {
         "name": concern,
-        f"gpuprov.kvm.{concern}": {key: f"{{{{ fleet_{concern}.{key} }}}}" for key in CONCERN_OPTIONS[concern]},
+        f"gpuprov.kvm.{concern}": {key: f"{{{{ {_options_var(concern)}.{key} }}}}" for key in CONCERN_OPTIONS[concern]},
         "when": f"({_digest(concern)}) not in fleet_converged",
     }
 
@@ -90,13 +97,16 @@ CONVERGE_PLAY = [
         "name": "no-op converge",
         "hosts": "all",
         "gather_facts": False,
-        "vars": {f"fleet_{concern}": options for concern, options in CONCERN_OPTIONS.items()},
+        "vars": {_options_var(concern): options for concern, options in CONCERN_OPTIONS.items()},
         "tasks": [
             {
                 "name": "gpu_host_plan",
                 "gpuprov.kvm.gpu_host_plan": {
                     "concerns": {
-                        concern: {"options": f"{{{{ fleet_{concern} }}}}", "digest": f"{{{{ {_digest(concern)} }}}}"}
+                        concern: {
+                            "options": f"{{{{ {_options_var(concern)} }}}}",
+                            "digest": f"{{{{ {_digest(concern)} }}}}",
+                        }
                         for concern in CONCERN_OPTIONS
                     }
                 },
