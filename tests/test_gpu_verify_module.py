@@ -110,7 +110,7 @@ def test_warnings_fail_only_when_asked(bare_python, guest) -> None:
     assert strict["failed"] is True
     assert {c["id"] for c in strict["failed_checks"]} == {"containerd-runtime", "cdi-spec"}
     assert "containerd-runtime warn: containerd's CRI (Kubernetes, nerdctl) has no nvidia runtime" in strict["msg"]
-    assert "fix: install nvidia-container-toolkit (role guest_container_toolkit)" in strict["msg"]
+    assert "fix: install nvidia-container-toolkit-base (role guest_container_toolkit)" in strict["msg"]
 
 
 @pytest.mark.parametrize(

@@ -161,7 +161,11 @@ def test_live_guest_report(name, gpu_name, host_root, capsys) -> None:
     assert bench["d2h_gbps"] == pytest.approx(probe["d2h_GBps"], rel=0.2)
     assert bench["matmul_tflops"] == pytest.approx(probe["bf16_matmul_TFLOPs"], rel=0.1)
     assert bench["link_peak_gbps"] == 63.02 and bench["gpu_peak_tflops"] == 989.0
-    assert bench["h2d_fraction"] >= COPY_OK_FRACTION and bench["matmul_fraction"] >= MATMUL_OK_FRACTION
+    assert bench["d2h_fraction"] >= COPY_OK_FRACTION and bench["matmul_fraction"] >= MATMUL_OK_FRACTION
+    if name == "h100-live":
+        # That run's 44.7 GB/s host->device (71%) passed as ok when it was recorded; under today's line
+        # (80% of the link's peak) it is a warning.
+        assert bench["h2d_fraction"] == 0.71 < COPY_OK_FRACTION
     # The link was read while the copies ran: gen5 x16 in NVML and in sysfs.
     assert bench["link_under_load"] == {"current_gen": 5, "current_width": 16, "sysfs_speed": 32.0, "sysfs_width": 16}
 

@@ -168,7 +168,7 @@ def guest(
 
 
 def verify(root: Path, **kwargs: Any) -> tuple[VerifyFacts, dict[tuple[str, int | None], Check]]:
-    kwargs.setdefault("docker", None)
+    kwargs.setdefault("engine", None)
     facts = gather(Sysfs(str(root)), **kwargs)
     checks = evaluate(facts)
     return facts, {(c.id, c.gpu): c for c in checks}

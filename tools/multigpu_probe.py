@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench", action="store_true", help="also measure GPU-to-GPU copies (torch or cupy)")
     parser.add_argument("--report", help="also write the verify report (gpuprov.verify/v1) here")
     args = parser.parse_args(argv)
-    facts = gather(Sysfs("/"), run_container=False, docker=None, bench=args.bench)
+    facts = gather(Sysfs("/"), run_container=False, engine=None, bench=args.bench)
     probe: dict[str, Any] | None = multigpu_probe(facts)
     if probe is None:
         print(f"no GPU seen here: {facts.gpu_error}", file=sys.stderr)

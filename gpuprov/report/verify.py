@@ -11,7 +11,7 @@ from ..facts.gpus import GpuInfo
 from ..facts.pci import PciLink
 from ..facts.vgpu_profile import parse_profile
 from ..verify.base import STATUSES, Check, pci_link
-from ..verify.checks_bench import bench_figures
+from ..verify.checks_bench import bench_figures, container_ratios
 from ..verify.checks_multigpu import multigpu_probe
 from ..verify.gather import VerifyFacts
 
@@ -94,7 +94,12 @@ def build_report(facts: VerifyFacts, checks: list[Check]) -> dict[str, Any]:
                 "image": run.image,
                 "exit_code": run.exit_code,
                 "gpus": run.gpus,
+                "uuids": run.uuids,
+                "how": run.how,
                 "output": run.output,
+                "bench": run.bench,
+                "bench_error": run.bench_error,
+                "bench_ratios": container_ratios(facts),
             },
         },
         "bench": None

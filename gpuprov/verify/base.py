@@ -15,7 +15,7 @@ INSTALL_DRIVER = (
     "install the NVIDIA driver (role guest_nvidia_driver, or the distribution's nvidia-driver package), "
     "then `modprobe nvidia`"
 )
-INSTALL_TOOLKIT = "install nvidia-container-toolkit (role guest_container_toolkit), then "
+INSTALL_TOOLKIT = "install nvidia-container-toolkit-base (role guest_container_toolkit), then "
 
 
 @dataclass

@@ -8,7 +8,8 @@ GPU machine, and checks, each with ok/warn/fail/skip and a fix:
 - a vGPU's framebuffer vs its profile (a vGPU that reports more than it has kills jobs);
 - MIG state, when MIG is on;
 - Docker's and containerd's NVIDIA runtime, CDI specs vs the GPUs seen;
-- with the docker SDK and an engine: a container that asks for the GPU runs ``nvidia-smi -L``;
+- with a Docker engine: a container that asks for every GPU (CDI first) runs ``nvidia-smi -L``,
+  each GPU's UUID against the container's; with ``--bench`` the same bench inside it;
 - per pair of GPUs, peer access (NVML); per GPU its NVLink links, NUMA node against this
   process's CPUs, BAR1 mapped in full; health: Xid events, ECC errors, remapped rows or
   retired pages, clock event reasons (:mod:`.checks_multigpu`);
@@ -25,7 +26,7 @@ function from facts to checks (by area: :mod:`.checks_gpu`, :mod:`.checks_contai
 from __future__ import annotations
 
 from .base import Check
-from .checks_bench import check_bench
+from .checks_bench import check_bench, check_container_bench
 from .checks_containers import check_cdi, check_container, check_containerd, check_docker
 from .checks_gpu import check_driver, check_gpus, check_link, check_mig, check_vgpu, check_vgpu_license
 from .checks_multigpu import judge_multigpu, multigpu_probe
@@ -52,5 +53,6 @@ def evaluate(facts: VerifyFacts) -> list[Check]:
         checks.append(Check("vgpu-memory", "skip", f"no vGPU here ({modes or 'no GPU seen'})"))
     checks += [check_docker(facts), check_containerd(facts), check_cdi(facts), check_container(facts)]
     checks += check_bench(facts)
+    checks += check_container_bench(facts)
     checks += judge_multigpu(multigpu_probe(facts), bench_requested=facts.bench_requested)
     return checks

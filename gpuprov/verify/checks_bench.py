@@ -10,6 +10,12 @@ from .base import Check, gen_text, link_view, pci_link
 from .bench import COPY_OK_FRACTION, MATMUL_OK_FRACTION, BenchResult, gpu_peak, pcie_peak_gbps
 from .gather import VerifyFacts
 
+# In a container the same copy and matmul should give the guest's figures (containers in VMs at
+# near bare-metal speed): the goal is 0.97 of the guest's; below this, a warning (one run's copies
+# vary by a few per cent between rounds).
+CONTAINER_OK_RATIO = 0.95
+_FIGURES = (("h2d_gbps", "host->device"), ("d2h_gbps", "device->host"), ("matmul_tflops", "matmul"))
+
 
 def bench_figures(facts: VerifyFacts, result: BenchResult) -> dict[str, Any]:
     """Peaks and fractions for one bench result (``None`` where no peak is known)."""
@@ -117,6 +123,66 @@ def check_bench(facts: VerifyFacts) -> list[Check]:
                     "look for other processes on the GPU (nvidia-smi), clocks held low (nvidia-smi -q -d "
                     "PERFORMANCE), or a time-sliced vGPU sharing the GPU",
                     gi,
+                )
+            )
+    return checks
+
+
+def container_ratios(facts: VerifyFacts) -> list[dict[str, Any]]:
+    """Per GPU measured in both places (tied by UUID): the container's figures over the guest's."""
+    run = facts.container
+    if run is None or not run.bench:
+        return []
+    inside = {str(r.get("uuid") or "").lower(): r for r in run.bench}
+    out = []
+    for guest in facts.bench:
+        there = inside.get((guest.uuid or "").lower()) if guest.uuid else None
+        if there is None or guest.error:
+            continue
+        row: dict[str, Any] = {"gpu_index": guest.gpu_index, "uuid": guest.uuid}
+        for key, _what in _FIGURES:
+            mine, theirs = getattr(guest, key), there.get(key)
+            ok = isinstance(mine, float) and mine > 0 and isinstance(theirs, (int, float))
+            row[key] = round(theirs / mine, 3) if ok else None
+            row[f"container_{key}"] = theirs
+        out.append(row)
+    return out
+
+
+def check_container_bench(facts: VerifyFacts) -> list[Check]:
+    """--bench with a container that ran: the same bench inside it, against the guest's figures."""
+    run = facts.container
+    if not facts.bench_requested or not facts.bench or run is None or run.status != "ok":
+        return []
+    if run.bench_error:
+        return [
+            Check(
+                "bench-container",
+                "warn",
+                run.bench_error,
+                "give --image of a local image with python3 of the guest's version and glibc (the guest's "
+                "torch or cupy is mounted into it read-only)",
+            )
+        ]
+    rows = container_ratios(facts)
+    if not rows:
+        return [Check("bench-container", "warn", "the bench in a container measured no GPU the guest measured")]
+    checks = []
+    for row in rows:
+        who = f"GPU {row['gpu_index']}" if row["gpu_index"] is not None else f"GPU-{row['uuid']}"
+        parts = [f"{what} {row[key]:.2f}" for key, what in _FIGURES if row[key] is not None]
+        low = min((row[key] for key, _what in _FIGURES if row[key] is not None), default=None)
+        text = f"{who} in a container / on the guest: {', '.join(parts)} (goal 0.97)"
+        if low is not None and low >= CONTAINER_OK_RATIO:
+            checks.append(Check("bench-container", "ok", text, None, row["gpu_index"]))
+        else:
+            checks.append(
+                Check(
+                    "bench-container",
+                    "warn",
+                    text,
+                    "compare the container's cgroup limits (CPU, memory) and its pinned memory with the guest's",
+                    row["gpu_index"],
                 )
             )
     return checks

@@ -3,7 +3,7 @@ runtime, the CDI specs against the GPUs and the driver, and the GPU container ru
 
 from __future__ import annotations
 
-from ..facts.containers import CONFIGURE_CONTAINERD, CONFIGURE_DOCKER, GENERATE_CDI
+from ..facts.containers import GENERATE_CDI, configure_text, restart_text
 from .base import INSTALL_TOOLKIT, Check
 from .gather import VerifyFacts
 
@@ -18,7 +18,7 @@ def check_docker(facts: VerifyFacts) -> Check:
     if not d.installed and engine is None:
         return Check("docker-runtime", "skip", f"no container runtime: no Docker {_here(facts)}")
     if d.error:
-        return Check("docker-runtime", "fail", d.error, f"fix the JSON, then {CONFIGURE_DOCKER}")
+        return Check("docker-runtime", "fail", d.error, f"fix the JSON, then {configure_text('docker', facts.systemd)}")
     has = d.nvidia_runtime is not None or d.cdi
     if engine is not None and "nvidia" in engine:
         default = " (the default runtime)" if d.default_runtime == "nvidia" else ""
@@ -30,11 +30,12 @@ def check_docker(facts: VerifyFacts) -> Check:
                 "docker-runtime",
                 "warn",
                 f"{d.daemon_json} has {how}, but the running engine does not (runtimes: {', '.join(engine)})",
-                "restart Docker: systemctl restart docker",
+                f"restart Docker: {restart_text('docker', facts.systemd)}",
             )
         return Check("docker-runtime", "ok", f"{d.daemon_json} has {how}")
     where = d.daemon_json or "no /etc/docker/daemon.json"
-    fix = CONFIGURE_DOCKER if facts.toolkit.nvidia_ctk else INSTALL_TOOLKIT + CONFIGURE_DOCKER
+    configure = configure_text("docker", facts.systemd)
+    fix = configure if facts.toolkit.nvidia_ctk else INSTALL_TOOLKIT + configure
     return Check(
         "docker-runtime",
         "fail",
@@ -51,10 +52,17 @@ def check_containerd(facts: VerifyFacts) -> Check:
         return Check("containerd-runtime", "skip", "containerd has no config file: it serves Docker only")
     if c.cri_disabled:
         return Check("containerd-runtime", "skip", "containerd's CRI plugin is disabled: it serves Docker only")
+    if facts.containerd_running is False:
+        return Check(
+            "containerd-runtime",
+            "skip",
+            "containerd is installed but no containerd service runs (Docker's own is not one): nothing uses its CRI",
+        )
     if c.nvidia_runtime or c.cdi:
         how = "the nvidia runtime" if c.nvidia_runtime else "CDI enabled (enable_cdi)"
         return Check("containerd-runtime", "ok", f"containerd (CRI) has {how} ({', '.join(c.files)})")
-    fix = CONFIGURE_CONTAINERD if facts.toolkit.nvidia_ctk else INSTALL_TOOLKIT + CONFIGURE_CONTAINERD
+    configure = configure_text("containerd", facts.systemd)
+    fix = configure if facts.toolkit.nvidia_ctk else INSTALL_TOOLKIT + configure
     return Check(
         "containerd-runtime",
         "warn",
@@ -123,17 +131,30 @@ def check_container(facts: VerifyFacts) -> Check:
         return Check("container-run", "skip", facts.container_skip or "not run")
     if run.status == "fail":
         if "runtime" in run.message:
-            fix = CONFIGURE_DOCKER if facts.toolkit.nvidia_ctk else INSTALL_TOOLKIT + CONFIGURE_DOCKER
+            configure = configure_text("docker", facts.systemd)
+            fix = configure if facts.toolkit.nvidia_ctk else INSTALL_TOOLKIT + configure
+        elif "stale" in run.message:
+            fix = f"regenerate it: {GENERATE_CDI}"
         elif "not on this machine" in run.message:
             fix = "`docker load -i IMAGE.tar` (or build one locally), or give --image NAME of a local image"
         else:
-            fix = f"run it by hand: docker run --rm --gpus all {run.image} nvidia-smi -L"
+            fix = (
+                f"run it by hand: docker run --rm --runtime=nvidia -e NVIDIA_VISIBLE_DEVICES=all {run.image} "
+                "nvidia-smi -L"
+            )
         return Check("container-run", "fail", run.message, fix)
-    if run.status == "ok" and len(run.gpus) < len(facts.gpus):
+    if run.status != "ok":
+        return Check("container-run", run.status, run.message)
+    # Each GPU of this machine, by UUID, against what the container saw.
+    known = [g.uuid for g in facts.gpus if g.uuid]
+    unseen = [u for u in known if u not in run.uuids]
+    if unseen or len(run.gpus) < len(facts.gpus):
         return Check(
             "container-run",
             "warn",
-            f"{run.message}, but this machine has {len(facts.gpus)}",
-            "check NVIDIA_VISIBLE_DEVICES in the image and the runtime's configuration",
+            f"{run.message}, but this machine has {len(facts.gpus)}: not seen {', '.join(unseen) or 'by UUID'}",
+            "check NVIDIA_VISIBLE_DEVICES in the image and the runtime's configuration, and regenerate the CDI spec: "
+            + GENERATE_CDI,
         )
-    return Check("container-run", run.status, run.message)
+    every = " (every GPU here)" if known else ""
+    return Check("container-run", "ok", f"{run.message}: {', '.join(run.uuids) or 'no UUID shown'}{every}")

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..facts.containers import (
+    SYSTEMD_RUNNING,
     CdiSpec,
     ContainerdConfig,
-    ContainerRun,
     DockerConfig,
     Toolkit,
     read_cdi_specs,
@@ -20,6 +20,7 @@ from ..facts.containers import (
     read_docker_config,
     read_toolkit,
 )
+from ..facts.docker_api import find_engine
 from ..facts.driver import DriverInfo, read_driver
 from ..facts.gpus import (
     SMI_CAPTURE,
@@ -31,10 +32,12 @@ from ..facts.gpus import (
     parse_smi_xml,
     run_nvidia_smi,
 )
+from ..facts.guest_toolkit import read_engines
 from ..facts.multigpu import read_multigpu
 from ..facts.pci import PciDevice, read_pci_device, read_pci_devices
 from ..facts.sysfs import Sysfs
 from .bench import BenchResult, P2pResult
+from .container import ContainerRun
 
 NVIDIA = 0x10DE
 AUTO = "auto"  # import the optional module if it is there
@@ -56,6 +59,9 @@ class VerifyFacts:
     containerd: ContainerdConfig
     toolkit: Toolkit
     cdi: list[CdiSpec]
+    # The service manager and the engines' processes (live roots; a capture has no processes: None).
+    systemd: bool = False
+    containerd_running: bool | None = None  # a containerd service (not Docker's own) runs
     container: ContainerRun | None = None
     container_skip: str | None = None  # why no container was run
     bench_requested: bool = False
@@ -71,9 +77,6 @@ class VerifyFacts:
     @property
     def gpus_from(self) -> str | None:
         return self.gpu_list.source if self.gpu_list else None
-
-
-# ---------------------------------------------------------------- gathering
 
 
 # ---------------------------------------------------------------- gathering
@@ -158,7 +161,7 @@ def gather(
     nvml: Any = AUTO,
     gpu_source: str = "auto",
     smi: Any = None,
-    docker: Any = AUTO,
+    engine: Any = AUTO,
     run_container: bool = True,
     image: str | None = None,
     bench: bool = False,
@@ -168,8 +171,9 @@ def gather(
     """Read everything the checks need. Read-only, except that it may start one
     container (removed afterwards) and, with ``bench``, use the GPU for a few seconds.
 
-    Optional modules are passed in (``nvml``, ``docker``, ``bench_backend`` as
-    ``(name, module)``); ``"auto"`` imports them when they are there, ``None``
+    Optional modules are passed in (``nvml``, ``bench_backend`` as ``(name, module)``)
+    and so is the Docker ``engine`` (:class:`gpuprov.facts.docker_api.DockerEngine`);
+    ``"auto"`` imports them or finds the engine's socket when they are there, ``None``
     does without; on a root other than ``/`` nothing is imported or run unless
     passed in. ``smi`` returns ``nvidia-smi -q -x`` output (default: run it on
     the live machine, read ``capture/nvidia-smi-q-x`` under any other root).
@@ -198,31 +202,29 @@ def gather(
         toolkit=read_toolkit(sysfs),
         cdi=read_cdi_specs(sysfs),
         bench_requested=bench,
+        systemd=sysfs.exists(SYSTEMD_RUNNING),
     )
+    if live:
+        facts.containerd_running = read_engines(sysfs, facts.docker, facts.containerd)["containerd"].started is not None
 
     if facts.gpus:
         facts.multigpu = read_multigpu(sysfs, facts.gpus, nvml=nvml if facts.gpus_from == "nvml" else None)
 
     if not run_container:
         facts.container_skip = no_container_reason
-    elif not live and docker == AUTO:
+    elif not live and engine == AUTO:
         facts.container_skip = "reading a captured root: no container is run"
     elif not facts.gpus:
         facts.container_skip = "no GPU seen here, so none to hand to a container"
     else:
-        if docker == AUTO:
-            docker = import_optional("docker")
-        if docker is None or not hasattr(docker, "from_env"):
-            if sysfs.exists("var/run/docker.sock") or sysfs.exists("run/docker.sock"):
-                facts.container_skip = (
-                    "a Docker engine socket is here but the docker Python package is not: pip install docker"
-                )
-            else:
-                facts.container_skip = "no container runtime: no Docker engine socket, no docker Python package"
+        if engine == AUTO:
+            engine = find_engine(sysfs.root)
+        if engine is None:
+            facts.container_skip = "no container runtime: no Docker engine socket (/var/run/docker.sock)"
         else:
-            from ..facts.containers import run_gpu_container
+            from .container import run_gpu_container
 
-            facts.container = run_gpu_container(docker, image)
+            facts.container = run_gpu_container(engine, image)
             facts.docker.engine_runtimes = facts.container.engine_runtimes
 
     if bench and facts.gpus:
@@ -234,4 +236,9 @@ def gather(
             facts.bench = run_bench(backend, facts.gpus, sample_link=_link_sampler(sysfs, facts, nvml))
             if len(facts.gpus) > 1:
                 facts.p2p_bench = run_p2p_bench(backend, facts.gpus)
+            if facts.container is not None and facts.container.status == "ok":
+                # The same bench inside a container: near bare-metal means the same figures.
+                from .container import run_bench_container
+
+                run_bench_container(engine, facts.container, backend)
     return facts
