@@ -40,6 +40,13 @@ DRACUT_CONF = "etc/dracut.conf.d/gpuprov-iommu.conf"
 TRIAL_HOOK = "etc/initramfs-tools/hooks/gpuprov-trial"
 TRIAL_SCRIPT = "etc/initramfs-tools/scripts/init-top/gpuprov-trial"
 MAX_STATE = 64 * 1024
+# GRUB's menu and custom entries (a real grub.cfg is tens of KiB, hundreds with many kernels), its
+# environment block (1 KiB as grub-editenv makes it) and the kernel's command line (2 KiB on x86;
+# /proc/cmdline of a staged root is a file like any other): read up to these, parsed line by line.
+MAX_GRUB_CFG = 4 * 1024 * 1024
+MAX_GRUBENV = 64 * 1024
+MAX_CMDLINE = 64 * 1024
+GRUBENV_SIGNATURE = "# GRUB Environment Block\n"
 # A kernel module's name: what may be written into the trial's initramfs scripts and its kernel line
 # (a name read from a host's sysfs is no exception: a broken host's link can hold anything).
 MODULE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
@@ -83,6 +90,8 @@ class BootloaderFacts:
     oneshot_pending: bool = False  # gpuprov's trial entry is set as the next boot's, once
     state: dict | None = None  # gpuprov's trial state (TRIAL_STATE), None when absent
     state_problem: str | None = None  # the state file exists but is not what gpuprov writes
+    # root-relative path -> why it was not read (larger than gpuprov reads): "unknown", never guessed
+    unreadable: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -142,6 +151,18 @@ def parse_grubenv(text: str) -> dict[str, str]:
     return env
 
 
+def capped_text(sysfs: Sysfs, rel: str, limit: int, facts: BootloaderFacts) -> str | None:
+    """A file's text when at most ``limit`` bytes; a larger one is noted in ``facts.unreadable``
+    and read as empty (present, but nothing in it is used)."""
+    raw = sysfs.read_bytes(rel)
+    if raw is None:
+        return None
+    if len(raw) > limit:
+        facts.unreadable[rel] = f"/{rel} is {len(raw)} bytes, more than the {limit} gpuprov reads"
+        return ""
+    return raw.decode("utf-8", "replace")
+
+
 def boot_filesystem(sysfs: Sysfs) -> tuple[str, str]:
     """(source, fstype) of the mount that holds /boot (or / when /boot is no mount)."""
     found: dict[str, tuple[str, str]] = {}
@@ -172,16 +193,133 @@ def _read_entries(sysfs: Sysfs, folder: str) -> list[BlsEntry]:
     return entries
 
 
+def json_too_deep(text: str, limit: int) -> bool:
+    """True when ``text`` nests arrays or objects deeper than ``limit`` (strings skipped): one
+    linear pass, before ``json.loads``, whose recursion a deep document would exhaust."""
+    depth, i, n = 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':  # skip the string: to the next quote not escaped
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+        i += 1
+    return False
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number a trial record holds")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:20]} is not a finite number")
+    return value
+
+
+def _small_int(text: str) -> int:
+    if len(text) > 20:
+        raise ValueError("an integer of more than 20 digits")
+    return int(text)
+
+
+# The trial record's fields as gpuprov writes them (plan/boot_trial.py _arm, _failed_record):
+# name -> (types, the longest text). Fields not listed are dropped, never used.
+_STATE_TEXT = 4096
+_STATE_FIELDS: dict[str, tuple[tuple[type, ...], int]] = {
+    "id": ((str,), 64),
+    "status": ((str,), 16),
+    "loader": ((str,), 32),
+    "armed_boot_id": ((str,), 64),
+    "failed_boot_id": ((str,), 64),
+    "unconfirmed": ((int,), 0),
+    "added": ((list,), 0),
+    "args_before": ((str, type(None)), _STATE_TEXT),
+    "args_after": ((str, type(None)), _STATE_TEXT),
+    "trial_args": ((str, type(None)), _STATE_TEXT),
+    "trial_initrd": ((str, type(None)), _STATE_TEXT),
+    "watchdog": ((str, type(None)), 64),
+    "why": ((str,), _STATE_TEXT),
+}
+TRIAL_ID = re.compile(r"[0-9a-f]{12}\Z")
+STATE_STATUSES = ("armed", "failed")
+MAX_STATE_DEPTH = 4  # the record is an object holding one list
+MAX_UNCONFIRMED_RECORDED = 1000
+
+
+def check_state(state: object) -> tuple[dict | None, str | None]:
+    """(the trial record with only its known fields, None) when ``state`` has the record's shape,
+    else (None, what is wrong). Every field's type and range is checked here, before any is used."""
+    if not isinstance(state, dict):
+        return None, f"it holds a JSON {type(state).__name__}, not an object"
+    out: dict = {}
+    for name, (types, longest) in _STATE_FIELDS.items():
+        if name not in state:
+            continue
+        value = state[name]
+        if not isinstance(value, types) or isinstance(value, bool):
+            return None, f"{name} is a JSON {type(value).__name__}, not {' or '.join(t.__name__ for t in types)}"
+        if isinstance(value, str) and (len(value) > longest or "\0" in value):
+            return None, f"{name} is longer than {longest} characters or holds a NUL"
+        out[name] = value
+    for name in ("id", "status"):
+        if name not in out:
+            return None, f"it has no {name}"
+    if not TRIAL_ID.match(out["id"]):
+        return None, "its id is not 12 hexadecimal digits"
+    if out["status"] not in STATE_STATUSES:
+        return None, f"its status is not one of {', '.join(STATE_STATUSES)}"
+    unconfirmed = out.get("unconfirmed", 0)
+    if not 0 <= unconfirmed <= MAX_UNCONFIRMED_RECORDED:
+        return None, f"unconfirmed is not 0 to {MAX_UNCONFIRMED_RECORDED}"
+    added = out.get("added", [])
+    if len(added) > 256 or not all(isinstance(a, str) and len(a) <= _STATE_TEXT for a in added):
+        return None, "added is not a list of at most 256 texts"
+    out["added"] = list(added)
+    watchdog = out.get("watchdog")
+    if watchdog is not None and not MODULE_NAME.match(watchdog):
+        return None, "watchdog is not a kernel module name"
+    return out, None
+
+
+def parse_state(raw: bytes) -> tuple[dict | None, str | None]:
+    """The trial record from its file's bytes: (record, None) or (None, why it is not one). Size
+    and nesting are capped before the JSON is parsed; no number is infinite, NaN or huge."""
+    if len(raw) > MAX_STATE:
+        return None, f"it is {len(raw)} bytes, more than the {MAX_STATE} of a record"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "it is not UTF-8 text"
+    if json_too_deep(text, MAX_STATE_DEPTH):
+        return None, f"it nests deeper than {MAX_STATE_DEPTH} levels"
+    try:
+        state = json.loads(text, parse_constant=_no_constant, parse_float=_finite, parse_int=_small_int)
+    except (ValueError, RecursionError) as exc:  # RecursionError: never, the depth is checked above
+        return None, f"it is not JSON ({str(exc)[:80]})"
+    return check_state(state)
+
+
+STATE_FIX = (
+    f"remove /{TRIAL_STATE} if no trial boot is under way (the default boot entry is never changed "
+    "while a trial is open); see docs/reference/boot-trial.md"
+)
+
+
 def _read_state(sysfs: Sysfs) -> tuple[dict | None, str | None]:
     raw = sysfs.read_bytes(TRIAL_STATE)
     if raw is None:
         return None, None
-    try:
-        state = json.loads(raw[: MAX_STATE + 1]) if len(raw) <= MAX_STATE else None
-    except ValueError:
-        state = None
-    if not isinstance(state, dict) or not isinstance(state.get("id"), str):
-        return None, f"/{TRIAL_STATE} is not a trial record gpuprov wrote"
+    state, why = parse_state(raw)
+    if state is None:
+        return None, f"/{TRIAL_STATE} is not a trial record gpuprov wrote: {why}"
     return state, None
 
 
@@ -212,15 +350,15 @@ def gather_bootloader(sysfs: Sysfs, managed: tuple[str, ...] = INITRAMFS_INPUTS)
     facts = BootloaderFacts(loader="unknown", evidence="", live=sysfs.live)
     facts.kernel_release = sysfs.read("proc/sys/kernel/osrelease") or ""
     facts.boot_id = sysfs.read("proc/sys/kernel/random/boot_id") or ""
-    facts.proc_cmdline = sysfs.read("proc/cmdline") or ""
+    facts.proc_cmdline = (sysfs.read("proc/cmdline") or "")[:MAX_CMDLINE]
     facts.os_family = _os_family(sysfs)
     facts.tools = {tool for tool, paths in TOOLS.items() if any(sysfs.exists(p) for p in paths)}
-    cfg = sysfs.read_bytes(GRUB_CFG)
-    facts.grub_cfg = None if cfg is None else cfg.decode("utf-8", "replace")
-    custom = sysfs.read_bytes(GRUB_CUSTOM)
-    facts.grub_custom = None if custom is None else custom.decode("utf-8", "replace")
-    env = sysfs.read_bytes(GRUB_ENV)
-    facts.grubenv = None if env is None else parse_grubenv(env.decode("utf-8", "replace"))
+    facts.grub_cfg = capped_text(sysfs, GRUB_CFG, MAX_GRUB_CFG, facts)
+    facts.grub_custom = capped_text(sysfs, GRUB_CUSTOM, MAX_GRUB_CFG, facts)
+    env = capped_text(sysfs, GRUB_ENV, MAX_GRUBENV, facts)
+    facts.grubenv = None if env is None else parse_grubenv(env)
+    if env is not None and not env.startswith(GRUBENV_SIGNATURE):
+        facts.unreadable[GRUB_ENV] = f"/{GRUB_ENV} does not begin with GRUB's signature ({GRUBENV_SIGNATURE.strip()})"
     facts.boot_fs = boot_filesystem(sysfs)
     facts.esp = next((m for m in ESP_MOUNTS if sysfs.listdir(f"{m}/loader/entries")), None)
     facts.kernel_cmdline = sysfs.read(KERNEL_CMDLINE)

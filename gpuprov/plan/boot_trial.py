@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 
 from ..facts.bootloader import (
     DRACUT_CONF,
+    GRUB_CFG,
     GRUB_CUSTOM,
+    GRUB_ENV,
     INITRAMFS_MODULES,
     KERNEL_CMDLINE,
     MODULE_NAME,
@@ -157,14 +159,41 @@ def request_problems(request: BootRequest) -> list[Refusal]:
 # -- vfio at boot and in the initramfs --------------------------------------------------------
 
 
+def _line_start_find(text: str, needle: str, start: int) -> int:
+    """The first index >= ``start`` where ``needle`` begins a line of ``text``, or -1 (each
+    candidate is passed once: linear)."""
+    i = text.find(needle, start)
+    while i > 0 and text[i - 1] != "\n":
+        i = text.find(needle, i + 1)
+    return i
+
+
+def marked_spans(text: str, begin: str, end: str) -> list[tuple[int, int]]:
+    """The spans of the blocks from a line ``begin`` to the next line starting ``end`` (and its
+    newline), in order, as ``^begin\\n.*?^end\\n?`` (re.M, re.S) finds them, in one linear pass."""
+    spans, pos = [], 0
+    while True:
+        start = _line_start_find(text, begin + "\n", pos)
+        if start < 0:
+            return spans
+        stop = _line_start_find(text, end, start + len(begin) + 1)
+        if stop < 0:  # no end after this begin, so none after a later one either
+            return spans
+        stop += len(end)
+        stop += text.startswith("\n", stop)
+        spans.append((start, stop))
+        pos = stop
+
+
 def _block(text: str | None, lines: list[str]) -> str:
     """``text`` with gpuprov's marked block holding ``lines`` (blockinfile's markers, so hosts
     the old role set up stay as they are)."""
     block = "\n".join([MARK_BEGIN, *lines, MARK_END]) + "\n"
     text = text or ""
-    pattern = re.compile(rf"^{re.escape(MARK_BEGIN)}\n.*?^{re.escape(MARK_END)}\n?", re.M | re.S)
-    if pattern.search(text):
-        return pattern.sub(lambda _m: block, text, count=1)
+    spans = marked_spans(text, MARK_BEGIN, MARK_END)
+    if spans:
+        start, stop = spans[0]
+        return text[:start] + block + text[stop:]
     return text + ("" if text.endswith("\n") or not text else "\n") + block
 
 
@@ -278,16 +307,60 @@ def _release(kernel_path: str) -> str:
     return name.split("-", 1)[1] if name.startswith("vmlinuz-") else ""
 
 
+def grub_menuentries(cfg: str) -> list[tuple[str, str, str]]:
+    """(the whole entry, its head, its body) of each top-level ``menuentry``: from a line starting
+    ``menuentry `` through the first line ending ``{``, then to the next line starting ``}``, as
+    ``^menuentry (.*?)\\{\\n(.*?)^\\}\\n?`` (re.M, re.S) finds them. Line by line, each line looked
+    at once (a regex over the text backtracks on padding: issue 26)."""
+    lines = cfg.split("\n")
+    n, i, out = len(lines), 0, []
+    while i < n:
+        if not lines[i].startswith("menuentry "):
+            i += 1
+            continue
+        open_at = i
+        while open_at < n and not lines[open_at].endswith("{"):
+            open_at += 1
+        close = open_at + 1
+        while close < n and not lines[close].startswith("}"):
+            close += 1
+        if close >= n:  # unterminated: no later entry can close either
+            break
+        head = "\n".join(lines[i : open_at + 1])[len("menuentry ") : -1]
+        body = "".join(line + "\n" for line in lines[open_at + 1 : close])
+        tail = "}\n" if lines[close] == "}" and close + 1 < n else "}"
+        whole = "".join(line + "\n" for line in lines[i : open_at + 1]) + body + tail
+        out.append((whole, head, body))
+        i = close + 1
+    return out
+
+
+def grub_command(line: str, names: tuple[str, ...]) -> tuple[str, str, str] | None:
+    """A GRUB command line ``  NAME  OPERAND REST``: (its text through the blanks after NAME, the
+    first operand, the rest of the line), when NAME is one of ``names``; else None."""
+    word = line.lstrip()
+    for name in names:
+        rest = word[len(name) :]
+        operand = rest.lstrip()
+        if word.startswith(name) and operand and operand != rest:
+            path = operand.split(None, 1)[0]
+            lead = len(line) - len(operand)
+            return line[:lead], path, operand[len(path) :]
+    return None
+
+
+_LINUX, _INITRD = ("linuxefi", "linux"), ("initrdefi", "initrd")
+
+
 def grub_default_entry(cfg: str, grub_default: str | None, saved: str | None) -> tuple[Entry | None, str | None]:
     """(the entry GRUB boots by default, None) or (None, why it cannot be told). Top-level entries
     only: GRUB_DEFAULT 0 (or unset), a top-level entry's id or title, or saved with such an entry."""
     blocks = []
-    for m in re.finditer(r"^menuentry (.*?)\{\n(.*?)^\}\n?", cfg, re.M | re.S):
-        head = m.group(1)
+    for whole, head, body in grub_menuentries(cfg):
         ids = re.findall(r"\$menuentry_id_option '([^']*)'|--id '?([^' ]*)'?", head)
         title = re.match(r"'([^']*)'|\"([^\"]*)\"", head.strip())
         names = {x for pair in ids for x in pair if x} | ({next(g for g in title.groups() if g)} if title else set())
-        blocks.append((m.group(0), m.group(2), names))
+        blocks.append((whole, body, names))
     if not blocks:
         return None, "/boot/grub/grub.cfg has no top-level menuentry"
     want = (grub_default or "0").strip().strip("\"'")
@@ -299,37 +372,41 @@ def grub_default_entry(cfg: str, grub_default: str | None, saved: str | None) ->
         chosen = next((b for b in blocks if want in b[2]), None)
         if chosen is None:
             return None, f"GRUB_DEFAULT={show(want)} names no top-level entry of /boot/grub/grub.cfg"
-    linux = re.search(r"^\s*linux(?:efi)?\s+(\S+)(.*)$", chosen[1], re.M)
+    body = chosen[1].split("\n")
+    linux = next(filter(None, (grub_command(line, _LINUX) for line in body)), None)
     if not linux:
         return None, "the default entry has no linux line"
-    initrd = re.search(r"^\s*initrd(?:efi)?\s+(\S+)\s*$", chosen[1], re.M)
-    kernel = linux.group(1)
-    return Entry(
-        kernel, _release(kernel), kernel_split(linux.group(2)), initrd.group(1) if initrd else None, chosen[0]
-    ), None
+    initrds = (grub_command(line, _INITRD) for line in body)
+    initrd = next((c[1] for c in initrds if c and not c[2].strip()), None)
+    kernel = linux[1]
+    return Entry(kernel, _release(kernel), kernel_split(linux[2]), initrd, chosen[0]), None
 
 
 def grub_trial_entry(entry: Entry, args: list[str], initrd: str | None, title: str) -> str:
     """The default's menuentry as the trial entry: its own id, the trial's kernel line and initramfs."""
-    body = entry.text.split("\n", 1)[1]
-    body = re.sub(
-        r"^(\s*linux(?:efi)?\s+)\S+.*$",
-        lambda m: f"{m.group(1)}{entry.kernel} {' '.join(args)}",
-        body,
-        count=1,
-        flags=re.M,
-    )
-    if initrd:
-        body = re.sub(r"^(\s*initrd(?:efi)?\s+)\S+\s*$", lambda m: m.group(1) + initrd, body, count=1, flags=re.M)
-    return f"menuentry '{title}' --id {TRIAL_ENTRY} {{\n{body}"
+    lines = entry.text.split("\n")
+    start = next((i for i, line in enumerate(lines) if line.endswith("{")), 0) + 1
+    body = lines[start:]
+    linux_done = initrd_done = False
+    for i, line in enumerate(body):
+        linux = None if linux_done else grub_command(line, _LINUX)
+        if linux:
+            body[i], linux_done = f"{linux[0]}{entry.kernel} {' '.join(args)}", True
+            continue
+        found = None if initrd_done or not initrd else grub_command(line, _INITRD)
+        if found and not found[2].strip():
+            body[i], initrd_done = found[0] + (initrd or ""), True
+    return f"menuentry '{title}' --id {TRIAL_ENTRY} {{\n" + "\n".join(body)
 
 
 def custom_cfg(current: str | None, entry: str | None) -> str | None:
     """/boot/grub/custom.cfg (Debian's 41_custom sources it) with gpuprov's trial block set to
     ``entry`` (None: removed); the user's own entries stay. None: the file goes (it held only ours)."""
-    text = current or ""
-    pattern = re.compile(rf"^{re.escape(CUSTOM_BEGIN)}\n.*?^{re.escape(CUSTOM_END)}\n?", re.M | re.S)
-    text = pattern.sub("", text)
+    text, kept, pos = current or "", [], 0
+    for start, stop in marked_spans(text, CUSTOM_BEGIN, CUSTOM_END):
+        kept.append(text[pos:start])
+        pos = stop
+    text = "".join(kept) + text[pos:]
     if entry is not None:
         text += ("" if text.endswith("\n") or not text else "\n") + f"{CUSTOM_BEGIN}\n{entry}{CUSTOM_END}\n"
     if not text.strip():
@@ -424,7 +501,7 @@ def plan_boot(inputs: BootInputs, request: BootRequest) -> BootPlan:
         return plan
     plan.warnings += default.warnings
     plan.args_before, plan.args_after = default.args_before, default.args_after
-    before = kernel_split(default.args_before or "")
+    before = set(kernel_split(default.args_before or ""))
     plan.added = [a for a in kernel_split(default.args_after or "") if a not in before]
     boot_change = bool(default.actions)
     running_has = not reboot_owed(boot.proc_cmdline, CmdlineRequest(add=add))
@@ -579,11 +656,15 @@ def grubenv_problem(boot: BootloaderFacts) -> str | None:
         return f"/boot is on {source} (RAID or LVM), where GRUB cannot write its environment block"
     if boot.grubenv is None:
         return "there is no GRUB environment block (/boot/grub/grubenv)"
+    if GRUB_ENV in boot.unreadable:
+        return f"{boot.unreadable[GRUB_ENV]}: GRUB would neither read nor spend a one-shot entry in it"
     return None
 
 
 def _default_entry(boot: BootloaderFacts, inputs: BootInputs) -> tuple[Entry | None, str | None]:
     if boot.loader == "grub":
+        if GRUB_CFG in boot.unreadable:
+            return None, boot.unreadable[GRUB_CFG]
         grub_default = None
         if inputs.grub and inputs.grub.grub_default is not None:
             m = re.search(r"^GRUB_DEFAULT=(.*)$", inputs.grub.grub_default.decode("utf-8", "replace"), re.M)
@@ -635,14 +716,20 @@ def _plan_trial(
     running = parse_cmdline(boot.proc_cmdline)
     same = state is not None and state.get("id") == tid
     if boot.state_problem:
-        plan.warnings.append(f"{boot.state_problem}: it is replaced")
+        # Unknown, never guessed: no field of it is used. The default was never changed while a
+        # trial was open, so the way back (a plain boot) is intact; a new trial replaces the record.
+        plan.warnings.append(
+            f"{boot.state_problem}: it is unknown and replaced by this trial's record (nothing in it is used; "
+            f"the default entry is unchanged); to keep it for a look, copy it away first; see {DOC}"
+        )
     added = " ".join(plan.added) or "(none)"
     if same and state and state.get("status") == "failed" and not request.retry_failed:
         plan.stage = "refused"
         plan.refusals.append(
             Refusal(
-                f"a trial boot with the new arguments {added} failed ({state.get('why', 'it did not come up')}); "
-                f"the default is unchanged ({show(state.get('args_before') or '', 200)})",
+                f"a trial boot with the new arguments {added} failed "
+                f"({show(str(state.get('why', 'it did not come up')), 400)}); "
+                f"the default is unchanged ({show(str(state.get('args_before') or ''), 200)})",
                 "fix the arguments, or set retry_failed: true (iommu_host_retry_failed_trial: true) "
                 "to try them once more",
             )
@@ -655,7 +742,7 @@ def _plan_trial(
         # reached multi-user (its unit noted it) nobody checked it in time (the controller died, or
         # was slower than the watchdog): not the arguments' fault, it is armed again (twice at most).
         came_up = (inputs.files.get(TRIAL_UP) or "").strip() == f"{TRIAL_ARG}={tid}"
-        unconfirmed = int(state.get("unconfirmed") or 0) if str(state.get("unconfirmed") or 0).isdigit() else 9
+        unconfirmed = unconfirmed_count(state)
         if came_up and unconfirmed < MAX_UNCONFIRMED:
             plan.warnings.append(
                 "the trial boot came up but was not checked before its watchdog reset it "
@@ -667,7 +754,7 @@ def _plan_trial(
         # was never touched.
         why = "the trial boot did not come up: the host came back by itself on its previous arguments"
         plan.failure = (
-            f"{why}; the arguments tried: {added} (whole line: {state.get('trial_args')}); "
+            f"{why}; the arguments tried: {added} (whole line: {show(str(state.get('trial_args')), 400)}); "
             f"the default is unchanged. Fix them, or set retry_failed: true to try again; see {DOC}"
         )
         plan.stage = "failed"
@@ -773,7 +860,7 @@ def _arm(
         "status": "armed",
         "loader": boot.loader,
         "armed_boot_id": boot.boot_id,
-        "unconfirmed": int((state or {}).get("unconfirmed") or 0),
+        "unconfirmed": unconfirmed_count(state or {}),
         "added": plan.added,
         "args_before": default.args_before,
         "args_after": default.args_after,
@@ -789,6 +876,15 @@ def _arm(
     return plan
 
 
+def unconfirmed_count(state: dict) -> int:
+    """The record's count of trial boots that came up unchecked (facts/bootloader.py checked its
+    type); anything else counts as spent, so the trial is not tried again unasked."""
+    value = state.get("unconfirmed", 0)
+    if type(value) is not int or not 0 <= value <= MAX_UNCONFIRMED:
+        return MAX_UNCONFIRMED
+    return value
+
+
 def family_debian(boot: BootloaderFacts) -> bool:
     return (boot.os_family or "Debian") == "Debian"
 
@@ -796,7 +892,8 @@ def family_debian(boot: BootloaderFacts) -> bool:
 def _apply_default_edit(entry_args: list[str], before: list[str], after: list[str]) -> list[str]:
     """The default entry's kernel line with the default's edit applied: what ``after`` gains over
     ``before`` is added (by name), what it lost is removed."""
-    gained = [a for a in after if a not in before]
+    had = set(before)
+    gained = [a for a in after if a not in had]
     after_names = {kernel_param(a)[0] for a in after}
     lost = [kernel_param(a)[0] for a in before if kernel_param(a)[0] not in after_names]
     return edit_args(entry_args, gained, lost)
