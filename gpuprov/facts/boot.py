@@ -15,6 +15,12 @@ from .sysfs import Sysfs
 GRUB_DEFAULT = "etc/default/grub"
 GRUB_DROPINS = "etc/default/grub.d"
 GRUBBY = ("usr/sbin/grubby", "sbin/grubby")
+# Bounds on what is read (issue 26: every parser of host content bounded in time and memory):
+# /proc/cmdline (the kernel's is at most 2 KiB on x86; a staged root's is any file), the drop-ins
+# update-grub sources (a few on a real host), and each drop-in's text (searched for one name).
+MAX_CMDLINE = 64 * 1024
+MAX_DROPINS = 64
+MAX_DROPIN = 256 * 1024
 
 
 @dataclass
@@ -57,14 +63,11 @@ def _text(raw: bytes | None) -> str:
 def gather(sysfs: Sysfs, bootloader: str = "auto") -> BootFacts:
     """The boot facts of ``sysfs``'s root. grubby is asked (live root only) when ``bootloader``
     (kernel_cmdline's option: auto, grub, grubby) may pick it: grubby, or auto where it is installed."""
-    facts = BootFacts(live=sysfs.live, proc_cmdline=sysfs.read("proc/cmdline") or "")
+    facts = BootFacts(live=sysfs.live, proc_cmdline=(sysfs.read("proc/cmdline") or "")[:MAX_CMDLINE])
     facts.has_grubby = any(sysfs.exists(p) for p in GRUBBY)
     facts.update_argv = grub_update_argv(sysfs)
-    facts.dropins = {
-        name: _text(sysfs.read_bytes(f"{GRUB_DROPINS}/{name}"))
-        for name in sysfs.listdir(GRUB_DROPINS)
-        if name.endswith(".cfg")
-    }
+    names = [name for name in sysfs.listdir(GRUB_DROPINS) if name.endswith(".cfg")][:MAX_DROPINS]
+    facts.dropins = {name: _text(sysfs.read_bytes(f"{GRUB_DROPINS}/{name}"))[:MAX_DROPIN] for name in names}
     facts.grub_default = sysfs.read_bytes(GRUB_DEFAULT)
     facts.grub_default_unreadable = facts.grub_default is None and sysfs.exists(GRUB_DEFAULT)
     if facts.live and (bootloader == "grubby" or (bootloader == "auto" and facts.has_grubby)):

@@ -32,6 +32,8 @@ GRUB_VARIABLES = ("GRUB_CMDLINE_LINUX_DEFAULT", "GRUB_CMDLINE_LINUX")
 # x86's COMMAND_LINE_SIZE (arch/x86/include/asm/setup.h) counts the terminating NUL.
 COMMAND_LINE_SIZE = 2048
 MAX_LINE = COMMAND_LINE_SIZE - 1
+# /etc/default/grub is a page or two; a larger file is refused before it is scanned (issue 26).
+MAX_GRUB_DEFAULT = 256 * 1024
 
 _PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))
 # Never accepted: shell expansion in double quotes ($ ` \), our single-quoted form ('),
@@ -318,6 +320,8 @@ def grub_quote(args: list[str], quote: str = '"') -> str:
 
 
 def _decode(raw: str | bytes) -> str:
+    if len(raw) > MAX_GRUB_DEFAULT:
+        raise ValueError(f"it is longer ({len(raw)}) than the {MAX_GRUB_DEFAULT} bytes gpuprov reads")
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
