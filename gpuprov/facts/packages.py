@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from .mig import Runner, run_command
-from .sysfs import Sysfs
+from .sysfs import MAX_READ_BYTES, Sysfs
 
 DPKG_STATUS = "var/lib/dpkg/status"
 RPM_PATHS = ("usr/bin/rpm", "bin/rpm")
@@ -23,22 +23,42 @@ PACKAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,127}$")
 UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}\.(service|socket|target|timer|path)$")
 
 
+# dpkg's status file, read without a Python loop over its lines: a real one is 1-5 MiB
+# (thousands of stanzas), a hostile one may be 16 MiB of blank lines. Each pattern stays on
+# one line or one run of blank lines, so every search is linear, and the searches move forward.
+_STANZA_END = re.compile(r"\n(?:[ \t\r]*\n)+")  # a blank line (or one of blanks) ends a stanza
+_PACKAGE_FIELD = re.compile(r"^Package[ \t]*:([^\n]*)", re.M)
+_STATUS_FIELD = re.compile(r"^Status[ \t]*:([^\n]*)", re.M)
+_VERSION_FIELD = re.compile(r"^Version[ \t]*:([^\n]*)", re.M)
+
+
 def dpkg_installed(sysfs: Sysfs) -> dict[str, str] | None:
-    """Installed package -> version from dpkg's status file; None when there is none (no dpkg)."""
-    text = sysfs.read(DPKG_STATUS)
-    if text is None:
+    """Installed package -> version from dpkg's status file; None when there is none (no dpkg),
+    it cannot be read, or it is larger than a read (MAX_READ_BYTES): unknown, not a partial list.
+    A stanza without a Package or an installed Status is skipped; nothing raises."""
+    raw = sysfs.read_bytes(DPKG_STATUS)
+    if raw is None or len(raw) >= MAX_READ_BYTES:
         return None
+    text = raw.decode("utf-8", "replace")
     found: dict[str, str] = {}
-    for stanza in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        for line in stanza.splitlines():
-            key, sep, value = line.partition(":")
-            if sep and not line.startswith((" ", "\t")):
-                fields[key] = value.strip()
-        name = fields.get("Package", "")
-        if name and fields.get("Status", "").endswith(" installed"):
-            found[name] = fields.get("Version", "")
-    return found
+    pos = 0
+    while True:
+        package = _PACKAGE_FIELD.search(text, pos)
+        if package is None:
+            return found
+        # The stanza: from the blank line before its Package field to the blank line after.
+        blank = text.rfind("\n\n", pos, package.start())
+        start = pos if blank < 0 else blank + 1
+        after = _STANZA_END.search(text, package.end())
+        end = len(text) if after is None else after.start()
+        pos = end if after is None else after.end()
+        name = package.group(1).strip()
+        status = _STATUS_FIELD.search(text, start, end)
+        if name and status is not None and status.group(1).strip().endswith(" installed"):
+            version = _VERSION_FIELD.search(text, start, end)
+            found[name] = "" if version is None else version.group(1).strip()
+        if after is None:
+            return found
 
 
 def rpm_installed(names: list[str], run: Runner) -> dict[str, str] | None:
