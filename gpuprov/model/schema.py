@@ -18,6 +18,7 @@ Standard library only (ships to targets with the modules).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -295,12 +296,37 @@ def _walk(p: Problems, schema: dict[str, Any], value: Any, path: str, depth: int
         _object(p, schema, value, path, depth)
 
 
+@functools.lru_cache(maxsize=64)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    """A schema ``pattern`` as JSON Schema (ECMA-262) means it, in Python's ``re``: a ``$`` outside
+    a character class is the end of the text (``\\Z``), never "before a final newline" as Python's
+    ``$`` is: ``"train\\n"`` is not a name."""
+    out: list[str] = []
+    in_class = escaped = False
+    for ch in pattern:
+        if escaped:
+            out.append(ch)
+            escaped = False
+        elif ch == "\\":
+            out.append(ch)
+            escaped = True
+        elif in_class:
+            out.append(ch)
+            in_class = ch != "]"
+        elif ch == "[":
+            out.append(ch)
+            in_class = True
+        else:
+            out.append(r"\Z" if ch == "$" else ch)
+    return re.compile("".join(out))
+
+
 def _string(p: Problems, schema: dict[str, Any], value: str, path: str) -> None:
     if len(value) > schema.get("maxLength", 4096):
         p.add(path, f"is {len(value)} characters long, more than {schema.get('maxLength', 4096)}", _fix(schema))
     elif len(value) < schema.get("minLength", 0):
         p.add(path, "is empty", _fix(schema))
-    elif "pattern" in schema and not re.search(schema["pattern"], value):
+    elif "pattern" in schema and not _compiled(schema["pattern"]).search(value):
         p.add(path, f"{shown(value)} does not match {schema['pattern']}", _fix(schema))
 
 

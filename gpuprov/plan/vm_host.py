@@ -86,7 +86,7 @@ def plan_vm_host(facts: VmHostFacts, override: list[str]) -> VmHostPlan:
     """Install what is missing, then enable and start the libvirt units that are not. Pure."""
     family = facts.os.family
     plan = VmHostPlan(family=family)
-    bad = [n for n in override if not isinstance(n, str) or not PACKAGE_NAME.match(n)]
+    bad = [n for n in override if not isinstance(n, str) or not PACKAGE_NAME.fullmatch(n)]
     if bad:
         plan.refusals.append(
             Refusal(f"packages: {', '.join(map(repr, bad))} is not a package name", "name the packages as apt/dnf do")

@@ -44,7 +44,7 @@ from .validate import (
 )
 from .vm_input import check_settings, merge_defaults, parse_vm
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")  # whole text (fullmatch): no trailing newline
 
 # Role gpu_vms' variables (roles/gpu_vms/defaults/main.yml; a test keeps the two in step):
 # another gpu_vms_* key in a host_vars file is a typo that would silently do nothing.
@@ -296,7 +296,7 @@ def validate_gpu_vgpu_options(params: dict[str, Any]) -> list[Refusal]:
         if key in params:
             boolean(p, key, params[key])
     runner = params.get("runner_sha256")
-    if runner is not None and not (isinstance(runner, str) and SHA256_RE.match(runner)):
+    if runner is not None and not (isinstance(runner, str) and SHA256_RE.fullmatch(runner)):
         fix = "leave it to the role vgpu_host"
         p.add("runner_sha256", f"{shown(runner)} is not a sha256 (64 lowercase hex digits)", fix)
     if params.get("gpus") is not None and mapping(p, "gpus", params["gpus"]) is not None:
