@@ -16,6 +16,10 @@ from typing import Any
 
 from ..facts.host import HostFacts
 from ..facts.pci import PciAddressError, normalize_address
+from ..plan.base import Plan
+from ..plan.vgpu.config import parse_gpus
+from ..rules.inputs import validate_host_vars
+from ..rules.validate import shown
 from . import formats
 from .legacy import OLD_VARIABLES
 
@@ -97,6 +101,7 @@ def convert(doc: Any, facts: HostFacts, *, use: str = "mdev") -> tuple[dict[str,
         raise ConvertError(
             "no old variables here (gpuprov_gpus, gpu_vms_list, vfio_host_devices), nor mig-configs / vgpu-configs"
         )
+    _check(doc)
     notes: list[str] = []
     gpus = _Gpus()
     _layout(doc.get("gpuprov_gpus"), gpus)
@@ -119,6 +124,24 @@ def convert(doc: Any, facts: HostFacts, *, use: str = "mdev") -> tuple[dict[str,
     return {"gpuprov_host": host, **out}, notes
 
 
+def _check(doc: dict[Any, Any]) -> None:
+    """The old variables meet the rules ``gpuprov plan`` and the roles hold them to (the legacy
+    reader's): what they refuse is refused here, every problem named by its path with its fix,
+    before anything is converted."""
+    rest = {k: v for k, v in doc.items() if k != "gpuprov_gpus"}
+    _host_vars, problems = validate_host_vars({**rest, "gpu_vms_list": doc.get("gpu_vms_list") or []})
+    lines = [r.message + (f" (fix: {r.fix})" if r.fix else "") for r in problems]
+    if doc.get("gpuprov_gpus") is not None:
+        scratch = Plan()
+        parse_gpus(doc["gpuprov_gpus"], scratch)  # the layout's own rules (vgpu_host's), each named by its key
+        for r in scratch.refusals:
+            where = r.message if r.message.startswith("gpuprov_gpus") else f"gpuprov_gpus.{r.message}"
+            lines.append(where + (f" (fix: {r.fix})" if r.fix else ""))
+    if lines:
+        head = f"{len(lines)} problem(s) in the old variables; nothing was converted:"
+        raise ConvertError("\n  ".join([head, *lines]))
+
+
 def _list(value: Any, where: str) -> list[Any]:
     if value is None:
         return []
@@ -138,11 +161,24 @@ def _layout(layout: Any, gpus: _Gpus) -> None:
             raise ConvertError(f"{where} has no use")
         entry = gpus.add(_address(raw, where), value["use"])
         if value["use"] == "mdev":
-            entry["instances"] = [dict(m) for m in _list(value.get("mdevs"), f"{where}.mdevs")]
+            entry["instances"] = _instances(value.get("mdevs"), f"{where}.mdevs", ("type", "uuid"))
         elif value["use"] == "sriov_vgpu":
-            entry["instances"] = [dict(v) for v in _list(value.get("vgpus"), f"{where}.vgpus")]
+            entry["instances"] = _instances(value.get("vgpus"), f"{where}.vgpus", ("type", "vf"))
         elif value["use"] == "mig" and value.get("mig") is not None:
             entry["mig"] = value["mig"]
+
+
+def _instances(value: Any, where: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """A layout's mdevs or vgpus: each a mapping of ``keys`` with a type (never a bare value)."""
+    out = []
+    for j, item in enumerate(_list(value, where)):
+        if not isinstance(item, dict) or "type" not in item or any(k not in keys for k in item):
+            raise ConvertError(
+                f"{where}[{j}]: {shown(item)} is not an instance: write a mapping of {', '.join(keys)}, "
+                'e.g. {type: "nvidia-474"}'
+            )
+        out.append(dict(item))
+    return out
 
 
 def _vm(vm: Any, i: int, gpus: _Gpus, facts: HostFacts) -> dict[str, Any]:
