@@ -12,12 +12,22 @@ from typing import Any
 from .facts.host import HostFacts, cpu_count
 from .model.resolve import HostModel, resolve
 from .modsupport import warn_or_refuse
-from .plan.base import Plan
+from .plan.base import Plan, Refusal
+from .rules.validate import root_problem
 
 
 def declaration(host: Any, layouts: Any) -> dict[str, Any]:
     """The host_vars form of a module's ``host`` and ``layouts`` options."""
     return {"gpuprov_host": host, **({"gpuprov_layouts": layouts} if layouts else {})}
+
+
+def checked_root(module: Any, root: str) -> str:
+    """The module's ``root``, or the module fails as the CLI refuses its ``--root``
+    (:func:`gpuprov.rules.validate.root_problem`): nothing there is not "a host with no devices"."""
+    problem = root_problem(root, "root", captures=False)
+    if problem is not None:
+        warn_or_refuse(module, Plan(refusals=[Refusal(problem, None)]), {})
+    return root
 
 
 def resolve_or_refuse(module: Any, doc: dict[str, Any], facts: HostFacts) -> HostModel:

@@ -38,6 +38,16 @@ from .schema import ROOT, check
 NVIDIA = 0x10DE
 VGPU_USES = ("mdev", "sriov_vgpu")
 HOST_SETTINGS = ("reserved_memory_mib", "reserved_cpus", "mixed_vgpu_types")
+# The old variables (and the gpu_vms settings gpuprov_host replaces): none may stand beside gpuprov_host.
+OLD_FORM = (
+    "gpuprov_gpus",
+    "gpu_vms_list",
+    "vfio_host_devices",
+    "gpu_vms_defaults",
+    "gpu_vms_reserved_memory_mib",
+    "gpu_vms_reserved_cpus",
+    "gpu_vms_mixed_vgpu_types",
+)
 
 
 @dataclass
@@ -108,6 +118,20 @@ def resolve(doc: Any, facts: HostFacts, *, cpu_limit: int | None = None) -> Host
 
         return from_legacy(doc, facts, cpu_limit=cpu_limit)
     model = HostModel()
+    old = [k for k in OLD_FORM if k in doc]
+    if old:
+        # plan would read gpuprov_host alone while the roles take the old variables (an inventory's
+        # gpu_vms_list beats the role's default, the model's VMs): one host, two answers. Refused,
+        # never merged.
+        model.problems.append(
+            Refusal(
+                f"gpuprov_host and the old variables {', '.join(old)} are set together: gpuprov plan and the "
+                f"modules read gpuprov_host, while the roles would take {', '.join(old)}",
+                "declare the host once: `gpuprov convert FILE` writes the old variables in the new form; merge "
+                f"that into gpuprov_host and remove {', '.join(old)}",
+            )
+        )
+        return model
     doc = {k: v for k, v in doc.items() if k in ("gpuprov_host", "gpuprov_layouts")}
     doc = _convert_layouts(doc, model)
     model.problems.extend(check(doc, ROOT).items)
@@ -288,14 +312,35 @@ def _claim(facts: HostFacts, entries: list[tuple[str, dict[str, Any]]], model: H
             _no_device(gpu, address, facts, model)
             continue
         take(gpu, address)
+    selected: dict[str, str] = {}  # address -> the selector entry that matched it first
     for where, entry in entries:
         if "select" not in entry:
             continue
         gpu = gpus[entry["name"]]
         found, fixed = _matches(facts, entry["select"])
+        clashes: dict[str, list[str]] = {}  # the earlier selector -> the GPUs both match
         for address in found:
+            if address in selected:
+                clashes.setdefault(selected[address], []).append(address)
+                continue
+            selected[address] = where
             if fixed or address not in claimed:
                 take(gpu, address)
+        for other, addresses in clashes.items():
+            # Two selectors over one GPU: whichever came first would win silently.
+            model.refusals.append(
+                Refusal(
+                    f"{where} and {other} both match {', '.join(addresses)}: a GPU belongs to one entry",
+                    "narrow one of the two selectors ({index: N}, a vendor:device), or name the GPU by "
+                    "address in the entry that should have it",
+                    addresses[0],
+                )
+            )
+        if found and not gpu.addresses and not fixed and not clashes:
+            model.warnings.append(
+                f"{where}: select {shown(entry['select'])} stands for no GPU on this host: every GPU it matches "
+                "is another entry's"
+            )
         if not found:
             here = ", ".join(f"{a} ({_id_text(facts, a, False)})" for a in _nvidia_gpus(facts)) or "none"
             model.refusals.append(
@@ -433,8 +478,18 @@ def _vms(host: dict[str, Any], model: HostModel, cpu_limit: int | None) -> None:
         vfs: list[dict[str, Any]] = []
         for j, ref in enumerate(vm.get("gpus") or []):
             name, rom = (ref["name"], ref.get("rom")) if isinstance(ref, dict) else (ref, None)
+            before = (len(gpus), len(mdevs), len(vfs), len(model.refusals))
             for address in _gpu_ref(model, by_gpu, by_instance, f"{where}: gpus[{j}]", name, mdevs, vfs):
                 gpus.append(address if rom is None else {"address": address, "rom": rom})
+            if (len(gpus), len(mdevs), len(vfs), len(model.refusals)) == before:
+                # Every name a VM gives stands for a device, or the VM is refused: never a VM that
+                # quietly starts without the GPU it was declared with.
+                model.refusals.append(
+                    Refusal(
+                        f"{where}: gpus[{j}] {name!r} stands for no device on this host",
+                        "give the VM a GPU or instance that resolves here (`gpuprov inspect --declaration`)",
+                    )
+                )
         if "gpus" in vm:
             out["gpus"] = gpus
         if mdevs:
@@ -476,6 +531,14 @@ def _gpu_ref(
             )
             return []
         if not index:
+            if not gpu.addresses:
+                model.refusals.append(
+                    Refusal(
+                        f"{where}: {ref!r} is {gpu.where}, which stands for no GPU on this host (its selector "
+                        "matched none, or only GPUs other entries have)",
+                        "fix the entry's selector or address, or give the VM another GPU",
+                    )
+                )
             return list(gpu.addresses)
         j = int(index.rstrip("]"))
         if j >= len(gpu.addresses):

@@ -371,6 +371,39 @@ def rom_file_problem(root: str, path: str) -> str | None:
     return None
 
 
+CAPTURE_SUFFIXES = (".tar.gz", ".tgz", ".tar")  # what `gpuprov capture` writes (gpuprov.cli.rootfs)
+
+
+def root_problem(root: str, option: str = "--root", *, captures: bool = True) -> str | None:
+    """Why ``root`` cannot be read as a host, or None: the check of the CLI's ``--root`` and of
+    every module's ``root`` (no answer without evidence: a root that is not there reads as a host
+    with no devices, and "0 PCI devices" is not a host). ``captures``: a capture tarball is fine
+    (the CLI unpacks it; a module reads a directory only)."""
+    is_capture = root.endswith(CAPTURE_SUFFIXES) and not os.path.isdir(root)
+    if is_capture and captures:
+        return None
+    name = shown(root)
+    if is_capture and os.path.exists(root):
+        return (
+            f"{option} {name} is a capture tarball, not a directory: unpack it (tar -xzf) and give the folder "
+            "that holds sys/ and proc/, or read it with `gpuprov inspect --root`"
+        )
+    if os.path.exists(root) and not os.path.isdir(root):
+        return (
+            f"{option} {name} is neither a directory nor a capture: give the .tar.gz, .tgz or .tar "
+            "that `gpuprov capture` wrote, or the folder it was unpacked into"
+        )
+    if not os.path.isdir(root):
+        wanted = "a directory or a capture .tar.gz" if captures else "a directory (/, or an unpacked capture)"
+        return f"{option} {name} does not exist: give {wanted}"
+    if not os.path.isdir(os.path.join(root, "sys")):
+        return (
+            f"{option} {name} has no sys/ directory: point it at the top of an unpacked capture "
+            "(the folder holding sys/ and proc/)" + (", or at the .tar.gz itself" if captures else "")
+        )
+    return None
+
+
 def _below(root: str, path: str) -> str:
     return os.path.join(os.path.abspath(root), path.lstrip("/"))
 

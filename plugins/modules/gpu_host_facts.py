@@ -15,6 +15,9 @@ description:
   - The fact holds PCI devices, IOMMU state, groups and kernel arguments, mdev and SR-IOV vGPU types,
     NUMA nodes, what the host itself needs (boot display, disks and NICs in use, open device files),
     and for each GPU a readiness verdict with every reason.
+  - A O(root) that does not exist, is not a directory (a capture tarball included: unpack it first) or
+    holds no C(sys/) is refused, as C(gpuprov inspect --root) refuses it: nothing read is not a host
+    with no devices.
   - The target needs no gpuprov installed; the logic travels with the module.
 version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
@@ -100,6 +103,7 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.pci impo
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.report.inspect import build_report
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.assess import assess
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.validate import root_problem
 
 
 def main() -> None:
@@ -111,6 +115,9 @@ def main() -> None:
         supports_check_mode=True,
     )
     root = module.params["root"]
+    problem = root_problem(root, "root", captures=False)  # the CLI's --root check: no root is no evidence
+    if problem is not None:
+        module.fail_json(msg=problem, refusals=[{"message": problem, "fix": None, "device": None}])
     try:
         extra = [normalize_address(d) for d in module.params["devices"]]
     except PciAddressError as exc:

@@ -19,7 +19,9 @@ description:
     (an address it lacks, an id guard that does not match, a VM given a GPU not declared for passthrough,
     an instance that is not declared, a vGPU type the host does not offer).
   - The old variables (O(gpus) for gpuprov_gpus, O(vms) for gpu_vms_list, O(vfio_devices) for
-    vfio_host_devices) are read into the same model with a deprecation warning.
+    vfio_host_devices) are read into the same model with a deprecation warning. Given beside O(host)
+    (or named in O(old_variables)), they are refused: plan would read O(host) alone while the roles take
+    the old variables; C(gpuprov convert) writes them in the new form.
   - The target needs no gpuprov installed; the logic travels with the module.
 version_added: "0.2.0"
 author: gpuprov contributors (@gpuprov)
@@ -46,6 +48,15 @@ options:
     description:
       - Deprecated, the old C(vfio_host_devices); used when O(host) is not given.
     type: raw
+  old_variables:
+    description:
+      - The names of the old variables (C(gpuprov_gpus), C(gpu_vms_list), C(vfio_host_devices),
+        C(gpu_vms_defaults), C(gpu_vms_reserved_memory_mib), C(gpu_vms_reserved_cpus),
+        C(gpu_vms_mixed_vgpu_types)) the inventory sets; with O(host), any of them is refused, naming both.
+        The role host_model passes the ones it finds in the host's variables.
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
@@ -151,6 +162,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_model import (
+    checked_root,
     declaration,
     resolve_or_refuse,
 )
@@ -165,16 +177,18 @@ def main() -> None:
             "gpus": {"type": "raw"},
             "vms": {"type": "raw"},
             "vfio_devices": {"type": "raw"},
+            "old_variables": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
     p = module.params
+    old = {"gpuprov_gpus": p["gpus"], "gpu_vms_list": p["vms"], "vfio_host_devices": p["vfio_devices"]}
+    doc = {k: v for k, v in old.items() if v is not None}
     if p["host"] is not None:
-        doc = declaration(p["host"], p["layouts"])
-    else:
-        old = {"gpuprov_gpus": p["gpus"], "gpu_vms_list": p["vms"], "vfio_host_devices": p["vfio_devices"]}
-        doc = {k: v for k, v in old.items() if v is not None}
-    model = resolve_or_refuse(module, doc, gather(Sysfs(p["root"])))
+        # The old variables beside the declaration go with it: the resolver refuses the pair, naming both.
+        doc = {**{k: None for k in p["old_variables"]}, **doc, **declaration(p["host"], p["layouts"])}
+    root = checked_root(module, p["root"])
+    model = resolve_or_refuse(module, doc, gather(Sysfs(root)))
     module.exit_json(changed=False, ansible_facts={"gpuprov_model": model.derived()})
 
 
