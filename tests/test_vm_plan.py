@@ -110,10 +110,14 @@ def test_a_device_on_its_host_driver_but_bindable_is_fine(host_root) -> None:
     assert not plan.refusals and plan.placements["a"].pci_slots == [["0000:01:00.0", "0000:01:00.1"]]
 
 
-def test_a_vfio_bound_device_held_open_is_a_warning(host_root) -> None:
+def test_a_vfio_bound_device_held_open_by_a_process_not_tied_to_the_vm_is_refused(host_root) -> None:
+    # Was a warning ("vfio-bound: it must be this VM's own"): a guess that hands a running guest's GPU
+    # to another VM. Issue #26 item 7: refused, the holder named (tests/test_intent_hostile.py has the rest).
     plan = plan_host(facts_of(host_root, "vfio-bound"), [vm("a", gpus=["0000:01:00.0"])], SMALL)
-    assert not plan.refusals
-    assert any("is in use: sleep" in w and "vfio-bound: it must be this VM's own" in w for w in plan.warnings)
+    assert [r.message for r in plan.refusals] == [
+        "VM a: 0000:01:00.0 is in use: sleep (pid 194) has /dev/vfio/6 open; a holder plan cannot tie to VM a "
+        "(no -name guest= or libvirt pid file names it)"
+    ]
 
 
 def test_an_absent_device(host_root) -> None:

@@ -58,6 +58,48 @@ class OpenDeviceFile:
     path: str
     pid: int
     command: str | None
+    guest: str | None = None  # the VM a QEMU runs (its -name guest=, or libvirt's pid file); None: unknown
+
+    def describe(self) -> str:
+        """Who holds it, for a message: ``qemu-system-x86 (pid 4242, guest vm1)``."""
+        guest = "" if self.guest is None else f", guest {self.guest}"
+        return f"{self.command or '?'} (pid {self.pid}{guest})"
+
+
+MAX_GUEST_NAME = 256
+
+
+def guest_of_cmdline(raw: bytes | None) -> str | None:
+    """The guest name of a QEMU command line (``/proc/PID/cmdline``, NUL-separated): ``-name
+    guest=NAME,...`` or ``-name NAME``; None when there is none or it is not a printable name.
+    QEMU's option syntax: ``,,`` is a literal comma."""
+    if not raw:
+        return None
+    argv = raw.split(b"\0")
+    for i, arg in enumerate(argv[:-1]):
+        if arg not in (b"-name", b"--name"):
+            continue
+        value = argv[i + 1].decode("utf-8", "replace").replace(",,", "\0")
+        parts = [part.replace("\0", ",") for part in value.split(",")]
+        name = parts[0] if "=" not in parts[0] else None
+        for part in parts:
+            if part.startswith("guest="):
+                name = part[len("guest=") :]
+        if name and len(name) <= MAX_GUEST_NAME and name.isprintable():
+            return name
+        return None
+    return None
+
+
+def _libvirt_pids(sysfs: Sysfs) -> dict[int, str]:
+    """pid -> domain name, from libvirt's run/libvirt/qemu/NAME.pid files (a live host's)."""
+    out: dict[int, str] = {}
+    for name in sysfs.listdir("run/libvirt/qemu"):
+        if name.endswith(".pid") and len(name) <= MAX_GUEST_NAME and name[:-4].isprintable():
+            text = sysfs.read(f"run/libvirt/qemu/{name}") or ""
+            if text.isdigit() and len(text) < 12:
+                out[int(text)] = name[:-4]
+    return out
 
 
 @dataclass
@@ -558,13 +600,19 @@ def open_device_files(sysfs: Sysfs, missing: MissingEvidence | None = None) -> t
                     rule=IN_USE,
                 )
             continue
-        command = None
+        command = guest = None
         for fd in fds:
             target = sysfs.readlink(f"proc/{pid}/fd/{fd}")
             if target and target.startswith(_DEV_FILES):
                 if command is None:
                     command = sysfs.read(f"proc/{pid}/comm")
-                found.append(OpenDeviceFile(path=target, pid=int(pid), command=command))
+                    guest = guest_of_cmdline(sysfs.read_bytes(f"proc/{pid}/cmdline"))
+                found.append(OpenDeviceFile(path=target, pid=int(pid), command=command, guest=guest))
+    if any(f.guest is None for f in found):
+        pids = _libvirt_pids(sysfs)
+        for f in found:
+            if f.guest is None:
+                f.guest = pids.get(f.pid)
     return found, complete
 
 
@@ -646,14 +694,23 @@ def note_unmapped_open_files(
         )
 
 
+def holders_of_devices(
+    usage: HostUsage, groups: dict[str, list[str]], nvidia_bound: list[str]
+) -> dict[str, list[OpenDeviceFile]]:
+    """PCI address -> the open device files that hold it."""
+    held: dict[str, list[OpenDeviceFile]] = {}
+    for f in usage.open_files:
+        for addr in open_file_targets(f, usage, groups, nvidia_bound) or []:
+            if PCI_ADDRESS_RE.match(addr):
+                held.setdefault(addr, []).append(f)
+    return held
+
+
 def devices_with_open_files(
     usage: HostUsage, groups: dict[str, list[str]], nvidia_bound: list[str]
 ) -> dict[str, list[str]]:
     """PCI address -> "comm (pid N) has /dev/..." for each device held open."""
-    held: dict[str, list[str]] = {}
-    for f in usage.open_files:
-        who = f"{f.command or '?'} (pid {f.pid}) has {f.path} open"
-        for addr in open_file_targets(f, usage, groups, nvidia_bound) or []:
-            if PCI_ADDRESS_RE.match(addr):
-                held.setdefault(addr, []).append(who)
-    return held
+    return {
+        addr: [f"{f.describe()} has {f.path} open" for f in files]
+        for addr, files in holders_of_devices(usage, groups, nvidia_bound).items()
+    }

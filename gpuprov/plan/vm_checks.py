@@ -16,7 +16,8 @@ Pure: no I/O. Standard library only.
 from __future__ import annotations
 
 from ..facts.host import HostFacts
-from ..rules.assess import BLOCKER, VFIO_DRIVERS, assess_gpu, companions_of
+from ..facts.usage import OpenDeviceFile
+from ..rules.assess import BLOCKER, VFIO_DRIVERS, assess_gpu, companions_of, open_holders
 from .base import Refusal
 from .vgpu.checks import mixed_types_refusal
 from .vm_spec import HostPlan, HostSettings, VmSpec
@@ -61,7 +62,15 @@ class Ledger:
         self.owner[device] = (vm, how)
 
 
-def check_pci(facts: HostFacts, vm: VmSpec, plan: HostPlan, ledger: Ledger, held: dict[str, list[str]]) -> None:
+def check_pci(
+    facts: HostFacts,
+    vm: VmSpec,
+    plan: HostPlan,
+    ledger: Ledger,
+    held: dict[str, list[str]],
+    holders: dict[str, list[OpenDeviceFile]] | None = None,
+) -> None:
+    holders = open_holders(facts) if holders is None else holders
     placement = plan.placements[vm.name]
     vm_devices: set[str] = set()
     for gpu in vm.gpus:
@@ -94,6 +103,7 @@ def check_pci(facts: HostFacts, vm: VmSpec, plan: HostPlan, ledger: Ledger, held
             placement.pci_slots.append([addr])
         for i, function in enumerate(functions):
             ledger.take(function, vm.name, how if i == functions.index(addr) else f"goes with {addr}")
+        told: set[str] = set()  # members whose holders were judged (one finding per holder)
         for finding in assess_gpu(facts, addr, held).findings:
             if finding.severity != BLOCKER:
                 continue
@@ -102,13 +112,42 @@ def check_pci(facts: HostFacts, vm: VmSpec, plan: HostPlan, ledger: Ledger, held
             if finding.code == "in-use":
                 member = facts.pci.get(finding.device or addr)
                 if member is not None and member.driver in VFIO_DRIVERS:
-                    plan.warnings.append(
-                        f"VM {vm.name}: {addr}: {finding.message} (vfio-bound: it must be this VM's own)"
-                    )
+                    if member.address not in told:
+                        told.add(member.address)
+                        _vfio_holders(vm, addr, member.address, holders.get(member.address, []), plan)
                     continue
             plan.refusals.append(
                 Refusal(f"VM {vm.name}: {addr} is not vfio-ready: {finding.message}", finding.fix, addr)
             )
+
+
+def _vfio_holders(vm: VmSpec, addr: str, member: str, files: list[OpenDeviceFile], plan: HostPlan) -> None:
+    """A vfio-bound device a process holds open: fine only when that process is this VM's own QEMU
+    (its ``-name guest=`` or libvirt's pid file says so: the VM runs already). A holder plan cannot
+    tie to this VM (another VM, a process that is no QEMU, a capture that keeps no command lines)
+    is refused, named: "it must be this VM's own" is a guess, and a wrong one takes a running
+    guest's GPU."""
+    device = addr if member == addr else f"{addr} ({member} of its IOMMU group)"
+    others = [f for f in files if f.guest != vm.name]
+    if files and not others:
+        pids = ", ".join(str(p) for p in sorted({f.pid for f in files}))
+        plan.warnings.append(f"VM {vm.name}: {device} is held open by this VM's own QEMU (pid {pids}): it runs")
+        return
+    whom = "; ".join(f"{f.describe()} has {f.path} open" for f in others) or "a process"
+    guests = sorted({f.guest for f in others if f.guest})
+    why = (
+        f"another VM's ({', '.join(guests)})"
+        if all(f.guest for f in others)
+        else f"a holder plan cannot tie to VM {vm.name} (no -name guest= or libvirt pid file names it)"
+    )
+    plan.refusals.append(
+        Refusal(
+            f"VM {vm.name}: {device} is in use: {whom}; {why}",
+            "stop that process (or the VM it runs) or give this VM another GPU; on a capture, which VM a QEMU "
+            "runs is not kept: plan on the live host, where its command line (-name guest=...) is read",
+            addr,
+        )
+    )
 
 
 def check_groups(facts: HostFacts, plan: HostPlan, ledger: Ledger) -> None:

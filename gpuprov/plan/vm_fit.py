@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..facts.host import HostFacts, cpu_count
-from ..rules.assess import held_open
+from ..rules.assess import held_open, open_holders
 from ..rules.validate import MAX_VMS, Problems, sequence
 from ..rules.vm_input import check_settings, parse_vm
 from .base import Refusal
@@ -82,10 +82,10 @@ def plan_host(
         plan.vms.append(spec)
     active = [v for v in plan.vms if v.state != "absent"]
     place(facts, active, plan, reserved)
-    held = held_open(facts)
+    held, holders = held_open(facts), open_holders(facts)
     ledger = Ledger(plan)
     for vm in active:
-        check_pci(facts, vm, plan, ledger, held)
+        check_pci(facts, vm, plan, ledger, held, holders)
         size_mmio64(facts, vm, plan)
         placement = plan.placements[vm.name]
         if vm.hide_kvm is None:

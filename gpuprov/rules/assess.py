@@ -17,6 +17,7 @@ from ..facts.evidence import RESOURCES, Missing
 from ..facts.host import HostFacts
 from ..facts.iommu import IOMMU_GROUPS
 from ..facts.pci import PciDevice, group_link_evidence
+from ..facts.usage import OpenDeviceFile
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
 UNKNOWN = "unknown"  # evidence a rule needs could not be read
@@ -184,17 +185,27 @@ def _iommu_fix(facts: HostFacts) -> str:
     )
 
 
-def held_open(facts: HostFacts) -> dict[str, list[str]]:
-    """PCI address -> who holds it open (GPU, DRM or VFIO device files)."""
-    from ..facts.usage import devices_with_open_files
-
+def _holder_inputs(facts: HostFacts) -> tuple[dict[str, list[str]], list[str]]:
     # A /dev/vfio/N holder holds the group's endpoints; its bridges stay with the host.
     groups = {
         n: [a for a in g.devices if a in facts.pci and not facts.pci[a].is_pci_bridge]
         for n, g in facts.iommu.groups.items()
     }
-    nvidia_bound = [a for a, d in facts.pci.items() if d.driver == "nvidia"]
-    return devices_with_open_files(facts.usage, groups, nvidia_bound)
+    return groups, [a for a, d in facts.pci.items() if d.driver == "nvidia"]
+
+
+def held_open(facts: HostFacts) -> dict[str, list[str]]:
+    """PCI address -> who holds it open (GPU, DRM or VFIO device files)."""
+    from ..facts.usage import devices_with_open_files
+
+    return devices_with_open_files(facts.usage, *_holder_inputs(facts))
+
+
+def open_holders(facts: HostFacts) -> dict[str, list[OpenDeviceFile]]:
+    """PCI address -> the processes' open files that hold it (pid, command, the VM a QEMU runs)."""
+    from ..facts.usage import holders_of_devices
+
+    return holders_of_devices(facts.usage, *_holder_inputs(facts))
 
 
 def host_critical_reasons(facts: HostFacts, member: PciDevice) -> list[str]:
