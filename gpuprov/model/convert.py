@@ -43,13 +43,13 @@ def _name(key: str) -> str:
 
 def _address(raw: Any, where: str) -> str:
     if not isinstance(raw, str):
-        raise ConvertError(f"{where}: {raw!r} is not a PCI address")
+        raise ConvertError(f'{where}: {shown(raw)} is not a PCI address: write it quoted, e.g. "0000:41:00.0"')
     if ":" not in raw:
         return raw
     try:
         return normalize_address(raw)
     except PciAddressError as exc:
-        raise ConvertError(f"{where}: {exc}") from None
+        raise ConvertError(f"{where}: {exc}: give the full address as `lspci -D` prints it") from None
 
 
 class _Gpus:

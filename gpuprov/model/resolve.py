@@ -130,8 +130,7 @@ def resolve(doc: Any, facts: HostFacts, *, cpu_limit: int | None = None) -> Host
                 "declare the host once: `gpuprov convert FILE` writes the old variables in the new form; merge "
                 f"that into gpuprov_host and remove {', '.join(old)}",
             )
-        )
-        return model
+        )  # and the declaration checked all the same: every problem of the file at once
     doc = {k: v for k, v in doc.items() if k in ("gpuprov_host", "gpuprov_layouts")}
     doc = _convert_layouts(doc, model)
     model.problems.extend(check(doc, ROOT).items)
