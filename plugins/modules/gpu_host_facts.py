@@ -15,8 +15,8 @@ description:
   - The fact holds PCI devices, IOMMU state, groups and kernel arguments, mdev and SR-IOV vGPU types,
     NUMA nodes, what the host itself needs (boot display, disks and NICs in use, open device files),
     and for each GPU a readiness verdict with every reason.
-  - A O(root) that does not exist, is not a directory (a capture tarball included: unpack it first) or
-    holds no C(sys/) is refused, as C(gpuprov inspect --root) refuses it: nothing read is not a host
+  - A O(root) that does not exist, is not a directory (a capture tarball included; unpack it first) or
+    holds no C(sys/) is refused, as C(gpuprov inspect --root) refuses it; nothing read is not a host
     with no devices.
   - The target needs no gpuprov installed; the logic travels with the module.
 version_added: "0.1.0"

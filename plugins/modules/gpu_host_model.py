@@ -20,7 +20,7 @@ description:
     an instance that is not declared, a vGPU type the host does not offer).
   - The old variables (O(gpus) for gpuprov_gpus, O(vms) for gpu_vms_list, O(vfio_devices) for
     vfio_host_devices) are read into the same model with a deprecation warning. Given beside O(host)
-    (or named in O(old_variables)), they are refused: plan would read O(host) alone while the roles take
+    (or named in O(old_variables)), they are refused; plan would read O(host) alone while the roles take
     the old variables; C(gpuprov convert) writes them in the new form.
   - The target needs no gpuprov installed; the logic travels with the module.
 version_added: "0.2.0"
