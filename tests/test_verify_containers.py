@@ -14,7 +14,7 @@ import pytest
 from gpuprov.facts.containers import parse_cdi
 from gpuprov.facts.docker_api import DockerEngine, find_engine
 from gpuprov.verify.checks import Check
-from gpuprov.verify.container import pick_image, run_gpu_container
+from gpuprov.verify.container import CONTAINER_PATH, pick_image, run_gpu_container
 from tests.fakedocker import FakeDockerd
 from tests.fakehost import FakeHost
 from tests.test_verify_nvml import ZERO_UUID, FakeGpu, FakeNvml, guest, verify
@@ -278,7 +278,7 @@ def test_a_container_that_sees_the_gpu_through_the_nvidia_runtime(fake, dockerd)
     (created,) = engine.created
     assert created["Cmd"] == ["nvidia-smi", "-L"] and created["NetworkDisabled"] is True
     assert created["HostConfig"]["Runtime"] == "nvidia" and "DeviceRequests" not in created["HostConfig"]
-    assert created["Env"] == ["NVIDIA_VISIBLE_DEVICES=all"]
+    assert created["Env"] == ["NVIDIA_VISIBLE_DEVICES=all", f"PATH={CONTAINER_PATH}"]
     assert engine.removed == 1
     assert checks["docker-runtime", None].message == "the running Docker engine has the nvidia runtime"
     assert facts.container.uuids == [ZERO_UUID]

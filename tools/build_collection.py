@@ -6,7 +6,7 @@ The repository is the one source. This script copies (never links: links trip
 
 - ``collection/`` (galaxy.yml, with the version of ``gpuprov/__init__.py`` written in;
   meta/runtime.yml; tests/config.yml and tests/sanity/), README.md and LICENSE;
-- ``plugins/modules`` and ``plugins/doc_fragments``;
+- ``plugins/modules``, ``plugins/lookup`` and ``plugins/doc_fragments``;
 - ``plugins/module_utils/gpuprov``: the part of the ``gpuprov`` package the modules
   import, found by following their imports (:data:`CLI_ONLY` stops the walk);
 - ``roles/`` and ``playbooks/``;
@@ -59,6 +59,7 @@ CLI_ONLY = frozenset({"__main__", "cli"})
 TREES = {
     "plugins/modules": "plugins/modules",
     "plugins/doc_fragments": "plugins/doc_fragments",
+    "plugins/lookup": "plugins/lookup",
     "roles": "roles",
     "playbooks": "playbooks",
     "collection/meta": "meta",
@@ -157,7 +158,9 @@ def _imports(path: Path, parts: list[str]) -> Iterator[tuple[list[str], bool, in
 
 def module_utils_closure() -> list[Path]:
     """The gpuprov files the modules import, directly or not, with their packages' __init__.py."""
-    todo: list[tuple[Path, list[str]]] = [(p, []) for p in walk(REPO / "plugins" / "modules") if p.suffix == ".py"]
+    todo: list[tuple[Path, list[str]]] = [
+        (p, []) for kind in ("modules", "lookup") for p in walk(REPO / "plugins" / kind) if p.suffix == ".py"
+    ]
     seen: dict[Path, list[str]] = {}
     while todo:
         path, parts = todo.pop()

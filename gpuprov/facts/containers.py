@@ -1,6 +1,5 @@
-"""Containers reaching the GPU: Docker's and containerd's runtime
-configuration, CDI specs, and (with the docker SDK) a container that asks for
-the GPU and runs ``nvidia-smi -L``.
+"""Containers reaching the GPU: Docker's and containerd's runtime configuration and the CDI
+specs (the GPU container itself: gpuprov.verify.container, through gpuprov.facts.docker_api).
 
 Configuration files are read through :class:`Sysfs`, so ``--root`` checks a
 capture or an image's root. The docker SDK is passed in as a module object.
@@ -10,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from .boundedjson import MAX_JSON_CHARS, BoundedJsonError, loads_bounded
 from .sysfs import Sysfs
@@ -21,8 +19,24 @@ CONTAINERD_DROPINS = "etc/containerd/conf.d"
 CDI_DIRS = ("etc/cdi", "var/run/cdi")
 _BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
 
-CONFIGURE_DOCKER = "nvidia-ctk runtime configure --runtime=docker && systemctl restart docker"
-CONFIGURE_CONTAINERD = "nvidia-ctk runtime configure --runtime=containerd && systemctl restart containerd"
+SYSTEMD_RUNNING = "run/systemd/system"  # systemd's own test of "booted with systemd" (sd_booted)
+DOCKER_PIDFILE = "/var/run/docker.pid"
+
+
+def restart_text(engine: str, systemd: bool) -> str:
+    """How to make a running engine read its configuration again, on this guest's service manager."""
+    if systemd:
+        return f"systemctl restart {engine}"
+    if engine == "docker":
+        # No systemd (a microVM's PID 1, a container): dockerd reloads its runtimes on SIGHUP.
+        return f"kill -HUP $(cat {DOCKER_PIDFILE}) (no systemd here: dockerd reloads its runtimes on SIGHUP)"
+    return f"restart {engine} (no systemd here: stop its process and start it again)"
+
+
+def configure_text(runtime: str, systemd: bool) -> str:
+    return f"nvidia-ctk runtime configure --runtime={runtime} && {restart_text(runtime, systemd)}"
+
+
 GENERATE_CDI = "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
 
 
@@ -377,118 +391,3 @@ def read_cdi_specs(sysfs: Sysfs) -> list[CdiSpec]:
             if text is not None:
                 specs.append(parse_cdi(text, f"/{d}/{name}"))
     return specs
-
-
-# ---------------------------------------------------------------- a container run
-
-
-@dataclass
-class ContainerRun:
-    engine: bool  # a Docker engine answered
-    status: str  # "ok", "fail", "skip"
-    message: str
-    image: str | None = None
-    exit_code: int | None = None
-    output: str | None = None
-    gpus: list[str] = field(default_factory=list)  # nvidia-smi -L lines ("GPU 0: ... (UUID: ...)")
-    engine_runtimes: list[str] | None = None
-    engine_version: str | None = None
-
-
-_PREFERRED = ("cuda", "ubuntu", "debian", "rockylinux", "almalinux", "fedora", "centos", "ubi")
-_MUSL = ("busybox", "alpine")
-
-
-def pick_image(images: list[Any]) -> str | None:
-    """A local image to run ``nvidia-smi`` in: nvidia/cuda first, then a glibc
-    distribution (the injected nvidia-smi needs glibc), then the smallest tagged one."""
-    tagged = []
-    for img in images:
-        tags = [t for t in (getattr(img, "tags", None) or []) if not t.endswith(":<none>")]
-        if tags:
-            size = (getattr(img, "attrs", None) or {}).get("Size") or 0
-            tagged.append((size, sorted(tags)[0]))
-    for word in _PREFERRED:
-        hits = sorted((s, t) for s, t in tagged if word in t.split(":")[0].lower())
-        if hits:
-            return hits[0][1]
-    glibc = sorted((s, t) for s, t in tagged if not any(m in t.split(":")[0].lower() for m in _MUSL))
-    return glibc[0][1] if glibc else None
-
-
-def _engine_error(exc: BaseException) -> str:
-    text = str(getattr(exc, "explanation", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def run_gpu_container(docker: Any, image: str | None, *, timeout: float = 120) -> ContainerRun:
-    """Start a container that asks Docker for every GPU and runs ``nvidia-smi -L``.
-
-    ``docker`` is the docker SDK module. Nothing is pulled: the image must be
-    local. The container is removed afterwards, whatever happened.
-    """
-    errors = docker.errors
-    try:
-        client = docker.from_env(timeout=int(timeout))
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - the SDK raises several kinds for "no engine"
-        return ContainerRun(
-            False, "skip", f"no container runtime: no Docker engine answers ({_engine_error(exc)})", image
-        )
-    try:
-        info = client.info()
-        runtimes = sorted((info.get("Runtimes") or {}).keys())
-        version = info.get("ServerVersion")
-    except errors.DockerException:
-        runtimes, version = None, None
-    run = ContainerRun(True, "skip", "", image, engine_runtimes=runtimes, engine_version=version)
-    try:
-        if image is None:
-            image = run.image = pick_image(client.images.list())
-            if image is None:
-                run.message = "no local image to run nvidia-smi in, and nothing is pulled: give --image NAME"
-                return run
-        else:
-            try:
-                client.images.get(image)
-            except errors.ImageNotFound:
-                run.status = "fail"
-                run.message = f"image {image} is not on this machine, and nothing is pulled: `docker load` it first"
-                return run
-        request = docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])
-        container = client.containers.create(
-            image, ["nvidia-smi", "-L"], device_requests=[request], network_disabled=True
-        )
-        try:
-            container.start()
-            result = container.wait(timeout=timeout)
-            run.exit_code = int(result.get("StatusCode", -1)) if isinstance(result, dict) else None
-            run.output = container.logs().decode("utf-8", "replace").strip()
-        finally:
-            try:
-                container.remove(force=True)
-            except errors.DockerException:
-                pass
-    except errors.DockerException as exc:
-        said = _engine_error(exc)
-        run.status = "fail"
-        if "could not select device driver" in said or "unknown or invalid runtime" in said:
-            run.message = f"Docker cannot hand a GPU to a container ({said}): its NVIDIA runtime is not configured"
-        elif "executable file not found" in said or "no such file" in said.lower():
-            run.message = f"the container started but has no nvidia-smi ({said}): the NVIDIA runtime did not inject it"
-        else:
-            run.message = f"the GPU container did not run: {said}"
-        return run
-    except Exception as exc:  # noqa: BLE001 - a timeout from requests, a broken socket
-        run.status = "fail"
-        run.message = f"the GPU container did not finish: {type(exc).__name__}: {exc}"
-        return run
-    run.gpus = [line for line in (run.output or "").splitlines() if line.startswith("GPU ")]
-    if run.exit_code == 0 and run.gpus:
-        run.status = "ok"
-        run.message = f"a container from {image} sees {len(run.gpus)} GPU(s)"
-    else:
-        run.status = "fail"
-        tail = (run.output or "").splitlines()[-1:] or ["no output"]
-        run.message = f"nvidia-smi -L in {image} exited {run.exit_code}: {tail[0]}"
-    return run

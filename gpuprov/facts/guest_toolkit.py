@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from .containers import (
     DAEMON_JSON,
+    SYSTEMD_RUNNING,
     CdiSpec,
     ContainerdConfig,
     DockerConfig,
@@ -25,11 +26,12 @@ from .containers import (
     read_docker_config,
     read_toolkit,
 )
+from .debindex import PackageSet, installed_set
 from .driver import DriverInfo, read_driver
 from .driver_install import DISPLAY_CLASS, NVIDIA, GuestOs, read_os
 from .files import file_state
 from .gpus import GpuList
-from .packages import dpkg_installed
+from .packages import DPKG_STATUS, dpkg_installed
 from .pci import PciDevice, read_pci_devices
 from .sysfs import Sysfs
 
@@ -37,6 +39,9 @@ APT_SOURCE = "etc/apt/sources.list.d/nvidia-container-toolkit.sources"
 DNF_REPO = "etc/yum.repos.d/nvidia-container-toolkit.repo"
 OFFLINE_SOURCE = "etc/apt/sources.list.d/gpuprov-offline.list"
 OFFLINE_INDEX = "Packages"  # in the offline directory on the guest
+RUNTIME_CONFIG = "etc/nvidia-container-runtime/config.toml"  # the nvidia runtime's mode (cdi, legacy, auto)
+CDI_REFRESH_UNIT = "nvidia-cdi-refresh.path"  # the base package's: regenerates the spec on a driver change
+_UNIT_DIRS = ("lib/systemd/system", "usr/lib/systemd/system", "etc/systemd/system")
 DOCKER_PIDFILES = ("run/docker.pid", "var/run/docker.pid")
 # The engines' processes, by /proc/<pid>/comm (containerd has no pid file by default).
 ENGINE_COMMS = {"docker": "dockerd", "containerd": "containerd"}
@@ -87,6 +92,17 @@ class GuestToolkitFacts:
     files: dict[str, ManagedFile] = field(default_factory=dict)  # root-relative path -> its state
     offline_files: dict[str, int] = field(default_factory=dict)  # package files in the offline directory -> size
     gpu_list: GpuList | None = None  # the driver's answer (NVML, nvidia-smi), when it was asked
+    dpkg: PackageSet | None = None  # dpkg's status with what each package provides (None: no dpkg)
+    systemd: bool = False  # booted with systemd (its units start and restart the engines)
+    start_stop_daemon: str | None = None  # dpkg's start-stop-daemon: how an engine starts without systemd
+    iptables: str | None = None  # no iptables: Docker runs without its netfilter rules and bridge
+    runtime_mode: str | None = None  # the nvidia runtime's mode in its config.toml (None: no file or no key)
+    cdi_refresh_unit: str | None = None  # the unit file of nvidia-cdi-refresh.path, when installed
+    cdi_refresh_enabled: bool | None = None  # systemctl's word on it (None: not asked)
+    docker_running: int | None = None  # containers the running engine runs (None: no engine answered)
+    docker_live_restore: bool = False
+    docker_engine_runtimes: list[str] | None = None  # what the running engine has in force (None: not asked)
+    live: bool = True  # the running guest (a staged root has no processes: nothing is started there)
 
 
 def _mtime(sysfs: Sysfs, rel: str) -> float | None:
@@ -222,6 +238,18 @@ def _size(sysfs: Sysfs, rel: str) -> int | None:
         return None
 
 
+def runtime_mode(text: str | None) -> str | None:
+    """``mode`` under ``[nvidia-container-runtime]`` of the runtime's config.toml (a linear scan)."""
+    section = None
+    for raw in (text or "").splitlines()[:10000]:
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line.strip("[] ")
+        elif section == "nvidia-container-runtime" and line.replace(" ", "").startswith("mode="):
+            return line.split("=", 1)[1].strip().strip("\"'") or None
+    return None
+
+
 def read_guest_toolkit(
     sysfs: Sysfs,
     *,
@@ -239,8 +267,10 @@ def read_guest_toolkit(
     docker, containerd = read_docker_config(sysfs), read_containerd_config(sysfs)
     if packages is None and os_.family == "debian":
         packages = dpkg_installed(sysfs)
+    status = sysfs.read(DPKG_STATUS) if os_.family == "debian" else None
     ext = "rpm" if os_.family == "redhat" else "deb"
-    return GuestToolkitFacts(
+    unit = next((f"/{d}/{CDI_REFRESH_UNIT}" for d in _UNIT_DIRS if sysfs.exists(f"{d}/{CDI_REFRESH_UNIT}")), None)
+    facts = GuestToolkitFacts(
         os=os_,
         architecture=architecture,
         driver=read_driver(sysfs),
@@ -256,4 +286,12 @@ def read_guest_toolkit(
         files={rel: read_managed(sysfs, rel) for rel in managed},
         offline_files=read_offline_files(sysfs, offline_dir, ext) if offline_dir else {},
         gpu_list=gpu_list,
+        dpkg=installed_set(status) if status is not None else None,
+        systemd=sysfs.exists(SYSTEMD_RUNNING),
+        start_stop_daemon=find_binary(sysfs, "start-stop-daemon"),
+        iptables=find_binary(sysfs, "iptables"),
+        runtime_mode=runtime_mode(sysfs.read(RUNTIME_CONFIG)),
+        cdi_refresh_unit=unit,
+        live=sysfs.live,
     )
+    return facts

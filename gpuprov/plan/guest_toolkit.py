@@ -20,11 +20,21 @@ Refusals come before any action and name the fix; check mode shows every action.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
-from ..facts.containers import Toolkit
-from ..facts.guest_toolkit import APT_SOURCE, DNF_REPO, OFFLINE_INDEX, OFFLINE_SOURCE, GuestToolkitFacts
+from ..facts.containers import DAEMON_JSON, DOCKER_PIDFILE, Toolkit
+from ..facts.debindex import DEB_FILE, DEB_NAME, index_set, missing_dependencies
+from ..facts.guest_toolkit import (
+    APT_SOURCE,
+    CDI_REFRESH_UNIT,
+    DNF_REPO,
+    OFFLINE_INDEX,
+    OFFLINE_SOURCE,
+    GuestToolkitFacts,
+)
+from ..facts.packages import PACKAGE_NAME
 from ..verify.checks_containers import check_cdi, check_containerd, check_docker
 from ..verify.gather import VerifyFacts
 from .base import COMMAND, WRITE_FILE, Action, Plan, Refusal, file_action
@@ -32,6 +42,18 @@ from .guest_driver import APT_ENV
 from .keyring import plan_keyring
 
 PARTS = ("repository", "docker", "toolkit", "runtime")
+# CDI first: the base package holds all that CDI mode needs (nvidia-ctk, nvidia-cdi-hook,
+# nvidia-container-runtime); the legacy hook (nvidia-container-toolkit and libnvidia-container*)
+# only when asked for (docs/guides/guests-and-containers.md).
+CDI_PACKAGES = ["nvidia-container-toolkit-base"]
+LEGACY_PACKAGES = ["nvidia-container-toolkit"]
+DOCKERD_LOG = "/var/log/gpuprov-dockerd.log"
+# Docker's own netfilter rules and bridge need iptables; a guest without it runs the engine without
+# them (containers then use --network=host or none, as gpuprov verify's do).
+NO_NETFILTER = {"iptables": False, "ip6tables": False, "bridge": "none"}
+_URL = re.compile(r"(https?|file):[A-Za-z0-9._~:/?@%+=-]+")
+_ARCH = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+_PATH = re.compile(r"/[A-Za-z0-9._+@/-]{0,1000}")
 RUNTIMES = ("docker", "containerd")
 TOOLKIT_DOWNLOAD = (
     "nvidia-container-toolkit, nvidia-container-toolkit-base, libnvidia-container-tools and libnvidia-container1"
@@ -55,7 +77,8 @@ class Key:
 @dataclass
 class GuestToolkitOptions:
     parts: list[str] = field(default_factory=lambda: list(PARTS))
-    packages: list[str] = field(default_factory=lambda: ["nvidia-container-toolkit"])
+    packages: list[str] = field(default_factory=list)  # empty: CDI_PACKAGES (+ LEGACY_PACKAGES with legacy_hook)
+    legacy_hook: bool = False
     repo_url: str = "https://nvidia.github.io/libnvidia-container/stable"
     gpg_key_url: str = "https://nvidia.github.io/libnvidia-container/gpgkey"
     key: Key | None = None  # apt needs one for the repository part
@@ -66,11 +89,14 @@ class GuestToolkitOptions:
     offline_names: list[str] | None = None
     offline_source: str = ""
     offline_dest: str = "var/lib/gpuprov/offline-packages"
-    # The apt index the offline directory needs (gpuprov.facts.guest_toolkit.offline_index); None: not made.
+    # The offline directory's apt index, read on the controller (gpuprov.facts.debindex.offline_index,
+    # the role's lookup gpuprov.kvm.offline_index), and what that read found wrong in the directory.
     offline_index: str | None = None
+    offline_problems: list[str] = field(default_factory=list)
     install_docker: bool = True
     docker_packages: list[str] = field(default_factory=lambda: ["docker.io"])
-    runtimes: list[str] = field(default_factory=lambda: list(RUNTIMES))
+    runtimes: list[str] = field(default_factory=list)  # empty: the engines the guest runs or is given
+    start: bool = True  # start Docker when it is installed (or installed now) and not running
     restart: bool = True
     cdi: bool = True
     cdi_output: str = "/etc/cdi/nvidia.yaml"
@@ -85,6 +111,46 @@ class GuestToolkitPlan(Plan):
     restart_pending: list[str] = field(default_factory=list)  # engines whose new configuration waits for a restart
     cdi: str | None = None  # why the CDI spec is generated (gpuprov verify's cdi-spec message)
     checks: list[dict[str, str]] = field(default_factory=list)  # gpuprov verify's checks (id, status, message)
+    start: list[str] = field(default_factory=list)  # engines started
+    wait_for: list[str] = field(default_factory=list)  # engines to wait for after the actions (started or restarted)
+
+
+def toolkit_packages(opts: GuestToolkitOptions) -> list[str]:
+    if opts.packages:
+        return list(opts.packages)
+    return CDI_PACKAGES + (LEGACY_PACKAGES if opts.legacy_hook else [])
+
+
+def option_problems(opts: GuestToolkitOptions, *, rpm: bool) -> list[Refusal]:
+    """The input boundary of this planner: every option that reaches a file or a command line,
+    checked before anything else (no newline or control character in a line-based file, package
+    names by Debian's and RPM's rules, paths of plain characters)."""
+    out = []
+    name_rule = PACKAGE_NAME if rpm else DEB_NAME
+    for key, names in (("packages", opts.packages), ("docker_packages", opts.docker_packages)):
+        bad = [n for n in names if not name_rule.fullmatch(n)]
+        if bad:
+            out.append(
+                Refusal(
+                    f"{key} has {', '.join(repr(n) for n in bad)}: not a package name",
+                    "give package names (lower-case letters, digits, . + -; no leading -), one per entry",
+                )
+            )
+    if not _URL.fullmatch(opts.repo_url):
+        out.append(Refusal(f"repo_url {opts.repo_url!r} is not a plain http(s) or file URL", "give the mirror's URL"))
+    checks = (("keyring", opts.keyring), ("rpm_key", opts.rpm_key), ("offline_dest", opts.offline_dest))
+    for key, rel in (*checks, ("cdi_output", opts.cdi_output.lstrip("/"))):
+        if not _PATH.fullmatch("/" + rel) or "/../" in f"/{rel}/":
+            out.append(Refusal(f"{key} {rel!r} is not a plain absolute path", "letters, digits, . _ + @ - and / only"))
+    bad = [n for n in opts.offline_names or [] if not DEB_FILE.fullmatch(n) and not n.endswith(".rpm")]
+    if bad:
+        out.append(
+            Refusal(
+                f"the offline directory has files whose names are not package file names: {', '.join(map(repr, bad))}",
+                "rename or remove them (letters, digits, . + ~ _ % -, not starting with -)",
+            )
+        )
+    return out
 
 
 def deb_architecture(machine: str) -> str:
@@ -115,6 +181,17 @@ def dnf_repo_text(repo_url: str, gpgkey: str) -> str:
         f"gpgkey={gpgkey}\n"
         "sslverify=1\n"
     )
+
+
+def daemon_json_text(current: str | None, wanted: dict[str, object]) -> str | None:
+    """daemon.json with ``wanted`` merged in (None when it holds them already, or does not parse)."""
+    try:
+        data = json.loads(current) if current and current.strip() else {}
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or all(data.get(k) == v for k, v in wanted.items()):
+        return None
+    return json.dumps({**data, **wanted}, indent=4, sort_keys=True) + "\n"
 
 
 def offline_source_text(dest: str) -> str:
@@ -174,31 +251,37 @@ def plan_guest_toolkit(facts: GuestToolkitFacts, opts: GuestToolkitOptions) -> G
         )
         return plan
     apt = family == "debian"
+    plan.refusals += option_problems(opts, rpm=not apt)
+    if plan.refused:
+        return plan
     offline = opts.offline_names is not None
     ext = "deb" if apt else "rpm"
     arch = facts.architecture or "amd64"
     dockerd = facts.engines.get("docker")
     wants_docker = "docker" in opts.parts and opts.install_docker and (dockerd is None or dockerd.binary is None)
-    _refuse_inputs(plan, opts, apt=apt, offline=offline, ext=ext, arch=arch, wants_docker=wants_docker)
+    wanted = toolkit_packages(opts)
+    installed = facts.packages or {}
+    docker_install = list(opts.docker_packages) if wants_docker else []
+    toolkit_install = (
+        [p for p in wanted if facts.packages is None or p not in installed] if "toolkit" in opts.parts else []
+    )
+    _refuse_inputs(plan, facts, opts, apt=apt, offline=offline, ext=ext, arch=arch, wants_docker=wants_docker)
+    if offline and apt and not plan.refused:
+        _offline_closure(plan, facts, opts, docker_install + toolkit_install)
     if plan.refused:
         return plan
     if "repository" in opts.parts:
         _repository(plan, facts, opts, apt=apt, arch=arch)
-    installed = facts.packages or {}
-    docker_install = list(opts.docker_packages) if wants_docker else []
-    toolkit_install = (
-        [p for p in opts.packages if facts.packages is None or p not in installed] if "toolkit" in opts.parts else []
-    )
     if offline and (docker_install or "toolkit" in opts.parts):
         docker_install, toolkit_install = _offline(plan, facts, opts, apt, docker_install, toolkit_install)
     elif docker_install or toolkit_install:
         if apt:
             plan.actions.append(_command([*APT_ENV, "apt-get", "update"], "refresh apt's lists"))
         if docker_install:
-            plan.actions.append(_command(APT_INSTALL + docker_install, "Docker, which the guest lacks (dockerd)"))
+            plan.actions.append(_command([*APT_INSTALL, "--", *docker_install], "Docker, which the guest lacks"))
         if toolkit_install:
-            argv = APT_INSTALL if apt else ["dnf", "-y", "install"]
-            plan.actions.append(_command(argv + toolkit_install, "NVIDIA's container toolkit"))
+            argv = [*APT_INSTALL, "--"] if apt else ["dnf", "-y", "install", "--"]
+            plan.actions.append(_command(argv + toolkit_install, "NVIDIA's container toolkit (CDI first)"))
     plan.installs = docker_install + toolkit_install
     plan.runtime_start = len(plan.actions)
     if "runtime" in opts.parts:
@@ -210,6 +293,7 @@ def plan_guest_toolkit(facts: GuestToolkitFacts, opts: GuestToolkitOptions) -> G
 
 def _refuse_inputs(
     plan: GuestToolkitPlan,
+    facts: GuestToolkitFacts,
     opts: GuestToolkitOptions,
     *,
     apt: bool,
@@ -231,12 +315,14 @@ def _refuse_inputs(
                 )
             )
             return
-        absent = [p for p in opts.packages if p not in names]
-        if "toolkit" in opts.parts and absent:
+        for problem in opts.offline_problems:
+            plan.refusals.append(Refusal(problem, f"remove or replace that file in {opts.offline_source}"))
+        absent = [p for p in toolkit_packages(opts) if p not in names]
+        if "toolkit" in opts.parts and absent and not (facts.packages and all(p in facts.packages for p in absent)):
             plan.refusals.append(
                 Refusal(
                     f"{', '.join(absent)} is not in {where} (it holds {', '.join(names)}): "
-                    "nvidia-container-toolkit is on no distribution's repository, only on NVIDIA's",
+                    "NVIDIA's container toolkit is on no distribution's repository, only on NVIDIA's",
                     f"download {TOOLKIT_DOWNLOAD} ({ext}, for {arch}) from {opts.repo_url}/{ext}/{arch}/ into it, "
                     "or leave guest_container_toolkit_offline_dir empty to install from that repository",
                 )
@@ -246,8 +332,8 @@ def _refuse_inputs(
             plan.refusals.append(
                 Refusal(
                     f"Docker is not installed and {where} has no {', '.join(missing_docker)} package",
-                    "add Docker's packages and what they need (scripts/offline-debs.sh docker.io downloads "
-                    "Debian's), or set guest_container_toolkit_install_docker: false",
+                    "add Docker's packages and what they need (scripts/offline-debs.sh --status GUEST_DPKG_STATUS "
+                    "docker.io downloads Debian's), or set guest_container_toolkit_install_docker: false",
                 )
             )
     elif wants_docker and not apt:
@@ -257,6 +343,44 @@ def _refuse_inputs(
                 "put Docker's packages (docker-ce and what it needs) in an offline directory "
                 "(guest_container_toolkit_offline_dir), install it yourself, or set "
                 "guest_container_toolkit_install_docker: false",
+            )
+        )
+
+
+def _offline_closure(
+    plan: GuestToolkitPlan, facts: GuestToolkitFacts, opts: GuestToolkitOptions, wanted: list[str]
+) -> None:
+    """Before anything is copied or written: every package and dependency the guest lacks (its own
+    dpkg status) and the offline directory does not hold, in one refusal."""
+    if not wanted:
+        return
+    if facts.dpkg is None:
+        plan.refusals.append(
+            Refusal(
+                "this guest's dpkg status (/var/lib/dpkg/status) cannot be read: what the offline directory must "
+                "hold is unknown",
+                "check the guest's dpkg, then run again",
+            )
+        )
+        return
+    if opts.offline_index is None:
+        plan.refusals.append(
+            Refusal(
+                f"no index of the offline directory {opts.offline_source} was given (offline_index)",
+                "run the role guest_container_toolkit (its lookup gpuprov.kvm.offline_index reads the directory)",
+            )
+        )
+        return
+    _will, missing = missing_dependencies(wanted, facts.dpkg, index_set(opts.offline_index))
+    if missing:
+        needs = sorted({m.needs for m in missing})
+        by = "; ".join(sorted({f"{m.needs} (needed by {m.by})" for m in missing}))
+        names = " ".join(sorted({n.split(" ", 1)[0] for n in needs}))
+        plan.refusals.append(
+            Refusal(
+                f"the offline directory {opts.offline_source} lacks what this guest lacks too: {by}",
+                f"add them to it: scripts/offline-debs.sh --status <this guest's /var/lib/dpkg/status> "
+                f"--os-release <its /etc/os-release> {names}, and copy what it prints into the directory",
             )
         )
 
@@ -323,7 +447,7 @@ def _offline(
             files = [f"/{dest}/{n}" for n in sorted(facts.offline_files)]
             plan.actions.append(
                 # The files are the ones the admin put on the controller; dnf cannot check keys it does not have.
-                _command(["dnf", "-y", "install", "--nogpgcheck", *files], "the offline directory's packages")
+                _command(["dnf", "-y", "install", "--nogpgcheck", "--", *files], "the offline directory's packages")
             )
         return docker_install, toolkit_install
     index_rel = f"{dest}/{OFFLINE_INDEX}"
@@ -337,7 +461,7 @@ def _offline(
         if action is not None:
             plan.actions.append(action)
     if index is not None and "toolkit" in opts.parts:
-        toolkit_install = list(opts.packages)  # newer ones the directory brought
+        toolkit_install = toolkit_packages(opts)  # newer ones the directory brought
     if docker_install or toolkit_install:
         plan.actions.append(
             _command(
@@ -355,13 +479,56 @@ def _offline(
                 "read the local repository's index (that source only; the guest may have no network)",
             )
         )
-        plan.actions.append(_command(APT_INSTALL + docker_install + toolkit_install, "from the offline directory"))
+        plan.actions.append(
+            _command([*APT_INSTALL, "--", *docker_install, *toolkit_install], "from the offline directory")
+        )
     return docker_install, toolkit_install
 
 
 def _text(facts: GuestToolkitFacts, rel: str) -> str | None:
     current = facts.files.get(rel)
     return current.text if current else None
+
+
+def _engines_to_configure(facts: GuestToolkitFacts, opts: GuestToolkitOptions, docker_coming: bool) -> list[str]:
+    """Only the engines the guest runs or is given: Docker when it is here or installed now, containerd
+    when a containerd service of its own runs (Docker's private one is not one), or those named."""
+    if opts.runtimes:
+        return [rt for rt in RUNTIMES if rt in opts.runtimes]
+    docker = facts.engines.get("docker")
+    containerd = facts.engines.get("containerd")
+    out = []
+    if docker_coming or (docker is not None and docker.binary is not None):
+        out.append("docker")
+    if containerd is not None and containerd.started is not None:
+        out.append("containerd")
+    return out
+
+
+def _start_argv(facts: GuestToolkitFacts, engine: str) -> list[str] | None:
+    """How this guest's service manager starts an engine (None: it has none gpuprov knows)."""
+    if facts.systemd:
+        return ["systemctl", "enable", "--now", "--", engine]
+    dockerd = (facts.engines.get("docker") and facts.engines["docker"].binary) or "/usr/bin/dockerd"
+    if engine == "docker" and facts.start_stop_daemon:
+        # No systemd (a microVM's PID 1, a container): dpkg's start-stop-daemon runs dockerd detached,
+        # its output to a log; dockerd writes its own pid file.
+        return [
+            facts.start_stop_daemon,
+            "--start",
+            "--background",
+            "--oknodo",
+            "--pidfile",
+            DOCKER_PIDFILE,
+            "--output",
+            DOCKERD_LOG,
+            "--exec",
+            dockerd,
+            "--",
+            "--pidfile",
+            DOCKER_PIDFILE,
+        ]
+    return None
 
 
 def _runtime(
@@ -376,17 +543,19 @@ def _runtime(
     docker, containerd = check_docker(checks), check_containerd(checks)
     cdi = check_cdi(checks)
     plan.checks = [{"id": c.id, "status": c.status, "message": c.message} for c in (docker, containerd, cdi)]
-    if "docker" in opts.runtimes and facts.docker.error:
+    engines = _engines_to_configure(facts, opts, docker_coming)
+    if "docker" in engines and facts.docker.error:
         plan.refusals.append(Refusal(facts.docker.error, "fix the JSON, then run again (nvidia-ctk edits it)"))
     wanted = {"docker": docker, "containerd": containerd}
-    plan.configure = [rt for rt in RUNTIMES if rt in opts.runtimes and wanted[rt].status in OWED]
+    plan.configure = [rt for rt in engines if wanted[rt].status in OWED]
     if opts.cdi and cdi.status in OWED:
         plan.cdi = cdi.message
+    cdi_mode = not opts.legacy_hook and facts.runtime_mode != "cdi"
     ctk = facts.toolkit.nvidia_ctk or ("nvidia-ctk" if ctk_coming else None)
-    if (plan.configure or plan.cdi) and ctk is None:
+    if (plan.configure or plan.cdi or cdi_mode) and ctk is None:
         plan.refusals.append(
             Refusal(
-                f"nvidia-ctk is not on this guest although {', '.join(opts.packages)} should be installed",
+                f"nvidia-ctk is not on this guest although {', '.join(toolkit_packages(opts))} should be installed",
                 "check that the package provides /usr/bin/nvidia-ctk (nvidia-container-toolkit-base), or install it "
                 "by hand",
             )
@@ -399,12 +568,51 @@ def _runtime(
                 "run the guest_nvidia_driver role first (and reboot if it says so), then this role again",
             )
         )
+    dockerd = facts.engines.get("docker")
+    docker_here = docker_coming or (dockerd is not None and dockerd.binary is not None)
+    docker_running = dockerd is not None and dockerd.started is not None
+    wants_start = facts.live and "docker" in engines and docker_here and not docker_running and opts.start
+    if wants_start and _start_argv(facts, "docker") is None:
+        plan.refusals.append(
+            Refusal(
+                "Docker is installed but does not run, and this guest has no service manager gpuprov can start it "
+                "with (no systemd, no start-stop-daemon)",
+                "start dockerd yourself (with --pidfile /var/run/docker.pid), or set "
+                "guest_container_toolkit_start: false",
+            )
+        )
     if plan.refused:
         return
+    # The engine's configuration, from the facts: no iptables here, no netfilter rules and no bridge.
+    if "docker" in engines and facts.iptables is None:
+        current = facts.files.get(DAEMON_JSON)
+        text = daemon_json_text(current.text if current else None, dict(NO_NETFILTER))
+        if text is not None:
+            before = current.text if current else None
+            plan.actions.append(
+                Action(
+                    WRITE_FILE,
+                    "no iptables on this guest: Docker without its netfilter rules and bridge",
+                    path=DAEMON_JSON,
+                    content=text,
+                    before=before,
+                )
+            )
+    if cdi_mode:
+        plan.actions.append(
+            _command(
+                ["nvidia-ctk", "config", "--in-place", "--set", "nvidia-container-runtime.mode=cdi"],
+                "the nvidia runtime in CDI mode (the legacy hook is not installed)",
+            )
+        )
     for rt in plan.configure:
         plan.actions.append(
             _command(["nvidia-ctk", "runtime", "configure", f"--runtime={rt}"], f"{wanted[rt].message}")
         )
+    if plan.cdi:
+        plan.actions.append(_command(["nvidia-ctk", "cdi", "generate", f"--output={opts.cdi_output}"], plan.cdi))
+    _refresh_units(plan, facts)
+    changed_config = any(a.path == DAEMON_JSON for a in plan.actions)
     ready = {
         "docker": facts.docker.nvidia_runtime is not None or facts.docker.cdi,
         "containerd": facts.containerd.nvidia_runtime or facts.containerd.cdi,
@@ -412,19 +620,60 @@ def _runtime(
     for rt in RUNTIMES:
         engine = facts.engines.get(rt)
         running = engine is not None and engine.started is not None
-        if rt not in opts.runtimes or not running:
+        if rt not in engines or not running:
             continue
-        if rt in plan.configure or (ready[rt] and engine is not None and engine.config_newer_than_process):
-            if opts.restart:
-                plan.restart.append(rt)
-                plan.actions.append(
-                    _command(
-                        ["systemctl", "restart", rt],
-                        f"{rt}'s configuration is newer than its running process (a restart stops its containers "
-                        "unless live-restore is on)",
-                    )
-                )
-            else:
-                plan.restart_pending.append(rt)
-    if plan.cdi:
-        plan.actions.append(_command(["nvidia-ctk", "cdi", "generate", f"--output={opts.cdi_output}"], plan.cdi))
+        newer = ready[rt] and engine is not None and engine.config_newer_than_process
+        if rt == "docker" and facts.docker_engine_runtimes is not None and facts.docker.nvidia_runtime:
+            # The engine says what is in force: a reload (SIGHUP) leaves its start time as it was.
+            newer = "nvidia" not in facts.docker_engine_runtimes
+        if not (rt in plan.configure or newer or (rt == "docker" and changed_config)):
+            continue
+        if not opts.restart or (rt != "docker" and not facts.systemd):
+            # containerd without systemd: no pid file gpuprov knows to restart it by.
+            plan.restart_pending.append(rt)
+            continue
+        plan.restart.append(rt)
+        plan.wait_for.append(rt)
+        stops = ""
+        if rt == "docker" and facts.docker_running and not facts.docker_live_restore:
+            stops = f"; it stops the {facts.docker_running} running container(s): live-restore is off"
+            plan.warnings.append(f"restarting Docker stops its {facts.docker_running} running container(s)")
+        reload_only = rt == "docker" and not changed_config
+        plan.actions.append(
+            _command(
+                _restart_argv(facts, rt, reload_only), f"{rt}'s configuration is newer than its running process{stops}"
+            )
+        )
+        if rt == "docker" and not reload_only and not facts.systemd:
+            plan.actions.append(_command(_start_argv(facts, "docker") or [], "start Docker again"))
+    if wants_start:
+        plan.start.append("docker")
+        plan.wait_for.append("docker")
+        argv = _start_argv(facts, "docker") or []
+        plan.actions.append(_command(argv, "Docker is installed and does not run"))
+
+
+def _restart_argv(facts: GuestToolkitFacts, engine: str, reload_only: bool) -> list[str]:
+    """Restart (or, for Docker's runtimes alone, reload: SIGHUP, no container stops) through the guest's
+    service manager, or dockerd's own pid file where there is none."""
+    if facts.systemd:
+        return ["systemctl", "reload" if reload_only else "restart", "--", engine]
+    if engine == "docker" and reload_only:
+        return ["start-stop-daemon", "--stop", "--signal", "HUP", "--pidfile", DOCKER_PIDFILE]
+    return ["start-stop-daemon", "--stop", "--retry", "TERM/30/KILL/5", "--pidfile", DOCKER_PIDFILE]
+
+
+def _refresh_units(plan: GuestToolkitPlan, facts: GuestToolkitFacts) -> None:
+    """The base package's nvidia-cdi-refresh units regenerate the spec on a driver, MIG or vGPU change."""
+    if facts.systemd and facts.cdi_refresh_unit and facts.cdi_refresh_enabled is not True:
+        plan.actions.append(
+            _command(
+                ["systemctl", "enable", "--now", "--", CDI_REFRESH_UNIT],
+                "regenerate the CDI spec whenever the driver changes",
+            )
+        )
+    elif not facts.systemd:
+        plan.warnings.append(
+            "no systemd on this guest: nothing regenerates the CDI spec when the driver changes; gpuprov verify "
+            "flags a stale spec (run this role again after a driver change)"
+        )

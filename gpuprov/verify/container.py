@@ -32,6 +32,12 @@ from ..facts.docker_api import (
 )
 
 ALL_GPUS = "nvidia.com/gpu=all"
+# The injected nvidia-smi is where the guest's driver has it (a CDI spec mounts it at the same path):
+# /usr/bin on a distribution's driver, /usr/local/nvidia/bin on NVIDIA's images and these GPU guests.
+# NVIDIA's CUDA images set the same PATH; an imported rootfs has none.
+CONTAINER_PATH = (
+    "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
 _UUID = re.compile(r"\(UUID: (GPU-[0-9a-fA-F-]{36})\)")
 BENCH_MOUNT = "/opt/gpuprov-bench"
 _PREFERRED = ("cuda", "ubuntu", "debian", "rockylinux", "almalinux", "fedora", "centos", "ubi")
@@ -68,7 +74,7 @@ def pick_image(tagged: list[tuple[int, str]]) -> str | None:
 
 def gpu_request(info: EngineInfo) -> tuple[ContainerSpec, str]:
     """The container's GPU request for this engine, and how it is made (for the report)."""
-    spec = ContainerSpec(image="", argv=[])
+    spec = ContainerSpec(image="", argv=[], env={"PATH": CONTAINER_PATH})
     if "nvidia" in info.runtimes:
         spec.runtime = "nvidia"
         spec.env["NVIDIA_VISIBLE_DEVICES"] = "all"

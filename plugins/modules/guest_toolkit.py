@@ -27,7 +27,9 @@ description:
     than its process (O(restart)), and C(nvidia-ctk cdi generate) when the C(cdi-spec) check is not ok (no spec,
     a GPU missing, another driver's libraries). After packages are installed the runtime part is planned again on
     the new state; after nvidia-ctk ran the checks are read again and the module fails when one is still owed.
-  - Refusals come before anything changes and name the fix - an offline directory without the toolkit or Docker,
+  - Refusals come before anything changes and name the fix - an option that is not a plain value (a newline, a
+    package name starting with C(-)), an offline directory without the toolkit or Docker or a dependency the guest
+    lacks (all of them named together),
     Docker from nowhere, a key that does not fetch or has another fingerprint, C(nvidia-ctk) missing, a CDI spec
     owed while the driver is not loaded.
 version_added: "0.2.0"
@@ -40,10 +42,18 @@ options:
     choices: [repository, docker, toolkit, runtime]
     default: [repository, docker, toolkit, runtime]
   packages:
-    description: The toolkit's packages (their dependencies come along).
+    description:
+      - The toolkit's packages (their dependencies come along). Empty - C(nvidia-container-toolkit-base), which holds
+        all that CDI mode needs (C(nvidia-ctk), C(nvidia-cdi-hook), C(nvidia-container-runtime)), and with
+        O(legacy_hook) C(nvidia-container-toolkit) too.
     type: list
     elements: str
-    default: [nvidia-container-toolkit]
+    default: []
+  legacy_hook:
+    description: Install the legacy hook (C(nvidia-container-toolkit) and C(libnvidia-container*)) and leave the nvidia
+      runtime's mode alone; without it the runtime is set to CDI mode.
+    type: bool
+    default: false
   repo_url:
     description: NVIDIA's container toolkit repository (or a mirror of it).
     type: str
@@ -79,6 +89,19 @@ options:
     type: list
     elements: str
     default: []
+  offline_index:
+    description:
+      - The offline directory's apt C(Packages) index, read on the controller (the lookup C(gpuprov.kvm.offline_index)).
+        Every package and dependency the guest lacks (its dpkg status) and the index does not hold is refused before
+        anything is written; the index is written beside the copied files for apt.
+    type: str
+    default: ""
+  offline_problems:
+    description: What the lookup found wrong in the offline directory (a link, a FIFO, a name that is not a package
+      file's); each is a refusal.
+    type: list
+    elements: str
+    default: []
   offline_dest:
     description: Where the offline packages are on the guest (a local apt repository).
     type: path
@@ -93,11 +116,17 @@ options:
     elements: str
     default: [docker.io]
   runtimes:
-    description: Runtimes to configure with C(nvidia-ctk runtime configure) (those installed).
+    description: Runtimes to configure with C(nvidia-ctk runtime configure). Empty - the engines the guest runs or is
+      given (Docker when it is here or installed now, containerd when a containerd service of its own runs).
     type: list
     elements: str
     choices: [docker, containerd]
-    default: [docker, containerd]
+    default: []
+  start:
+    description: Start Docker when it is installed and does not run - through systemd, or, on a guest without it (a
+      microVM whose PID 1 is not systemd), with C(start-stop-daemon) (its log in C(/var/log/gpuprov-dockerd.log)).
+    type: bool
+    default: true
   restart:
     description: Restart a running engine whose configuration is newer than its process (a restart stops its
       containers unless live-restore is on).
@@ -216,32 +245,42 @@ engines:
 import base64
 import os
 import subprocess
+import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.containers import DAEMON_JSON
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.docker_api import (
+    EngineError,
+    engine_info,
+    find_engine,
+)
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.driver import read_driver
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.driver_install import read_os
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.gpus import run_nvidia_smi
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.guest_toolkit import (
     APT_SOURCE,
+    CDI_REFRESH_UNIT,
     DNF_REPO,
     OFFLINE_INDEX,
     OFFLINE_SOURCE,
     GuestToolkitFacts,
-    offline_index,
     read_guest_toolkit,
 )
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.packages import read_services
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import failed_result, warn_or_refuse
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import ApplyError, Plan, apply
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest_toolkit import (
+    DOCKERD_LOG,
     PARTS,
     GuestToolkitOptions,
     GuestToolkitPlan,
     Key,
     deb_architecture,
     plan_guest_toolkit,
+    toolkit_packages,
 )
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.keyring import (
     KeyDataError,
@@ -300,12 +339,40 @@ def _rpm_installed(names: list[str]) -> dict[str, str] | None:
     return found
 
 
-def _control(path: str) -> str:
-    """A package's control fields (dpkg-deb reads the .deb; its content is never run)."""
-    result = subprocess.run(["dpkg-deb", "-f", path], capture_output=True, text=True, timeout=60, check=False)
-    if result.returncode != 0:
-        raise OSError(f"dpkg-deb -f {path}: {result.stderr.strip()[-500:]}")
-    return result.stdout
+def _live_facts(facts: GuestToolkitFacts) -> None:
+    """What only the live guest can say: whether the CDI refresh unit is enabled (systemd), and how many
+    containers a running Docker engine runs and whether it keeps them over a restart (live-restore)."""
+    if facts.systemd and facts.cdi_refresh_unit:
+        states = read_services(Sysfs("/"), [CDI_REFRESH_UNIT]).states
+        facts.cdi_refresh_enabled = None if states is None else _unit_on(states.get(CDI_REFRESH_UNIT, ("", "")))
+    engine = find_engine("/")
+    docker = facts.engines.get("docker")
+    if engine is not None and docker is not None and docker.started is not None:
+        try:
+            info = engine_info(engine)
+        except EngineError:
+            return
+        facts.docker_running, facts.docker_live_restore = info.running, info.live_restore
+        facts.docker_engine_runtimes = info.runtimes
+
+
+def _unit_on(state: tuple[str, str]) -> bool:
+    active, enabled = state
+    return active in ("active", "activating") and enabled == "enabled"
+
+
+def _wait_for_docker(root: str, seconds: float = 60) -> str | None:
+    """After a start or restart: the engine answers on its socket, or why not (its log)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        engine = find_engine(root)
+        if engine is not None and engine.ping():
+            return None
+        time.sleep(0.5)
+    return (
+        f"Docker did not answer on /var/run/docker.sock {seconds:.0f} s after it was started: see {DOCKERD_LOG} "
+        "(or journalctl -u docker)"
+    )
 
 
 def main() -> None:
@@ -317,7 +384,8 @@ def main() -> None:
                 "choices": ["repository", "docker", "toolkit", "runtime"],
                 "default": ["repository", "docker", "toolkit", "runtime"],
             },
-            "packages": {"type": "list", "elements": "str", "default": ["nvidia-container-toolkit"]},
+            "packages": {"type": "list", "elements": "str", "default": []},
+            "legacy_hook": {"type": "bool", "default": False},
             "repo_url": {"type": "str", "default": "https://nvidia.github.io/libnvidia-container/stable"},
             "gpg_key_url": {
                 "type": "str",
@@ -330,6 +398,8 @@ def main() -> None:
             "rpm_key": {"type": "path", "default": "/etc/pki/rpm-gpg/nvidia-container-toolkit.asc", "no_log": False},
             "offline_dir": {"type": "str", "default": ""},
             "offline_files": {"type": "list", "elements": "str", "default": []},
+            "offline_index": {"type": "str", "default": ""},
+            "offline_problems": {"type": "list", "elements": "str", "default": []},
             "offline_dest": {"type": "path", "default": "/var/lib/gpuprov/offline-packages"},
             "install_docker": {"type": "bool", "default": True},
             "docker_packages": {"type": "list", "elements": "str", "default": ["docker.io"]},
@@ -337,8 +407,9 @@ def main() -> None:
                 "type": "list",
                 "elements": "str",
                 "choices": ["docker", "containerd"],
-                "default": ["docker", "containerd"],
+                "default": [],
             },
+            "start": {"type": "bool", "default": True},
             "restart": {"type": "bool", "default": True},
             "cdi": {"type": "bool", "default": True},
             "cdi_output": {"type": "path", "default": "/etc/cdi/nvidia.yaml"},
@@ -352,16 +423,17 @@ def main() -> None:
     sysfs = Sysfs(root)
     parts = [part for part in PARTS if part in p["parts"]]
     offline = bool(p["offline_dir"])
-    names = sorted({os.path.basename(n) for n in p["offline_files"] if os.path.basename(n) not in ("", ".", "..")})
+    names = sorted(set(p["offline_files"]))  # checked by the planner's input boundary (package file names)
     family = read_os(sysfs).family
     key = _key(module, family) if "repository" in parts and family else None
     dest = _rel(p["offline_dest"])
     keyring, rpm_key = _rel(p["keyring"]), _rel(p["rpm_key"])
     index_rel = f"{dest}/{OFFLINE_INDEX}"
-    managed = [keyring, rpm_key, APT_SOURCE, DNF_REPO, OFFLINE_SOURCE, index_rel]
+    managed = [keyring, rpm_key, APT_SOURCE, DNF_REPO, OFFLINE_SOURCE, index_rel, DAEMON_JSON]
     opts = GuestToolkitOptions(
         parts=parts,
         packages=p["packages"],
+        legacy_hook=p["legacy_hook"],
         repo_url=p["repo_url"].rstrip("/"),
         gpg_key_url=p["gpg_key_url"],
         key=key,
@@ -370,9 +442,12 @@ def main() -> None:
         offline_names=names if offline else None,
         offline_source=p["offline_dir"],
         offline_dest=dest,
+        offline_index=p["offline_index"] if offline and family == "debian" else None,
+        offline_problems=p["offline_problems"],
         install_docker=p["install_docker"],
         docker_packages=p["docker_packages"],
         runtimes=p["runtimes"],
+        start=p["start"],
         restart=p["restart"],
         cdi=p["cdi"],
         cdi_output=p["cdi_output"],
@@ -382,7 +457,7 @@ def main() -> None:
     def facts_now() -> GuestToolkitFacts:
         packages = None
         if family == "redhat" and sysfs.live:
-            packages = _rpm_installed(p["packages"] + p["docker_packages"])
+            packages = _rpm_installed(toolkit_packages(opts) + p["docker_packages"])
         gpu_list = None
         if "runtime" in parts and p["cdi"] and read_driver(sysfs).loaded:
             # The GPUs' indices and UUIDs the CDI spec must name: only the driver knows them.
@@ -401,20 +476,13 @@ def main() -> None:
             packages=packages,
             gpu_list=gpu_list,
         )
+        if sysfs.live:
+            _live_facts(facts)
         return facts
 
     def plan_now() -> tuple[GuestToolkitFacts, GuestToolkitPlan]:
         facts = facts_now()
-        plan = plan_guest_toolkit(facts, opts)
-        if offline and family == "debian" and not plan.refused:
-            # The index needs dpkg-deb on the files: only once the names are known to be enough.
-            present = [n for n in names if n in facts.offline_files]
-            try:
-                opts.offline_index = offline_index(sysfs, dest, present, facts.files[index_rel].text, _control)
-            except (OSError, subprocess.SubprocessError) as exc:
-                module.fail_json(msg=f"could not read the offline packages' control fields ({exc}), nothing changed")
-            plan = plan_guest_toolkit(facts, opts)
-        return facts, plan
+        return facts, plan_guest_toolkit(facts, opts)
 
     facts, plan = plan_now()
     result = _result(plan, root, facts)
@@ -445,6 +513,10 @@ def main() -> None:
             )
         warn_or_refuse(module, plan, result)
     _apply(module, plan, root, result, done, not_run)
+    if sysfs.live and plan.wait_for:
+        problem = _wait_for_docker(root)
+        if problem:
+            module.fail_json(msg=problem, done=done, **failed_result(result))
     if sysfs.live and (plan.configure or plan.cdi or plan.restart):
         # Read again: what nvidia-ctk was to fix must be fixed now.
         opts.parts = ["runtime"]
