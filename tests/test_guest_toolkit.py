@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -20,7 +21,6 @@ from gpuprov.facts.guest_toolkit import (
     APT_SOURCE,
     OFFLINE_SOURCE,
     GuestToolkitFacts,
-    offline_index,
     read_guest_toolkit,
 )
 from gpuprov.facts.sysfs import Sysfs
@@ -35,6 +35,7 @@ from gpuprov.plan.guest_toolkit import (
 )
 from gpuprov.plan.keyring import dearmor, fingerprints
 from tests.conftest import tree_digest
+from tests.fakedocker import FakeDockerd
 from tests.fakehost import FakeHost
 from tests.modrun import run_in_process
 
@@ -42,6 +43,8 @@ GPU = "0000:00:06.0"
 DRIVER = "580.159.04"
 KEYRING = "etc/apt/keyrings/nvidia-container-toolkit.gpg"
 REPO_URL = "https://nvidia.github.io/libnvidia-container/stable"
+RUNTIME_CONFIG = "etc/nvidia-container-runtime/config.toml"
+CDI_MODE = '[nvidia-container-runtime]\nmode = "cdi"\n'
 DAEMON_JSON = '{"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}\n'
 CONTAINERD_TOML = (
     'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n  runtime_type = "x"\n'
@@ -95,7 +98,8 @@ def guest(
 
 
 def dpkg(fake: FakeHost, *names: str) -> None:
-    stanzas = [f"Package: {n}\nStatus: install ok installed\nVersion: 1.17.8-1\n" for n in names]
+    versions = [[*n.split("=", 1), "1.17.8-1"][:2] for n in names]  # "name" or "name=version"
+    stanzas = [f"Package: {n}\nStatus: install ok installed\nVersion: {v}\n" for n, v in versions]
     fake.write(
         "var/lib/dpkg/status", "\n".join(["Package: bash\nStatus: install ok installed\nVersion: 5.2\n", *stanzas])
     )
@@ -107,9 +111,10 @@ def binary(fake: FakeHost, name: str) -> None:
 
 def converged(root: Path, key: KeyData) -> FakeHost:
     """A guest the role has converged: repository, Docker and containerd configured, a current CDI spec."""
-    fake = guest(root, packages=("nvidia-container-toolkit", "docker.io"))
-    for name in ("dockerd", "containerd", "nvidia-ctk", "nvidia-container-runtime"):
+    fake = guest(root, packages=("nvidia-container-toolkit-base", "docker.io"))
+    for name in ("dockerd", "containerd", "nvidia-ctk", "nvidia-container-runtime", "iptables"):
         binary(fake, name)
+    fake.write(RUNTIME_CONFIG, CDI_MODE)
     fake.write(KEYRING, key["binary"])
     fake.write(APT_SOURCE, apt_source_text(REPO_URL, "amd64", KEYRING))
     fake.write("etc/docker/daemon.json", DAEMON_JSON)
@@ -160,13 +165,16 @@ def test_a_fresh_guest_plans_everything_the_role_did_in_order(tmp_path: Path, ke
     ]
     assert commands(plan) == [
         "env DEBIAN_FRONTEND=noninteractive apt-get update",
-        "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io",
-        "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nvidia-container-toolkit",
-        # Docker comes with this plan: its runtime is owed too; the CDI spec (driver loaded, none there).
+        "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -- docker.io",
+        "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -- "
+        "nvidia-container-toolkit-base",
+        # CDI first: the nvidia runtime in CDI mode; Docker comes with this plan, so its runtime is owed
+        # too; the CDI spec (driver loaded, none there).
+        "nvidia-ctk config --in-place --set nvidia-container-runtime.mode=cdi",
         "nvidia-ctk runtime configure --runtime=docker",
         "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
     ]
-    assert plan.installs == ["docker.io", "nvidia-container-toolkit"]
+    assert plan.installs == ["docker.io", "nvidia-container-toolkit-base"]
     assert plan.configure == ["docker"] and plan.cdi is not None and "no CDI spec" in plan.cdi
     source = next(a for a in plan.actions if a.path == APT_SOURCE).content
     assert f"URIs: {REPO_URL}/deb/amd64\n" in source and f"Signed-By: /{KEYRING}\n" in source
@@ -198,12 +206,15 @@ def test_runtimes_are_configured_as_gpuprov_verify_judges_them(
     fake = converged(tmp_path, key)
     fake.write("etc/docker/daemon.json", daemon)
     fake.write("etc/containerd/config.toml", containerd)
-    _facts, plan = plan_for(tmp_path, opts_for(key))
+    _facts, plan = plan_for(tmp_path, opts_for(key, runtimes=["docker", "containerd"]))
     assert plan.configure == configure
     assert commands(plan) == [f"nvidia-ctk runtime configure --runtime={rt}" for rt in configure]
+    # By default only the engines the guest runs or is given: Docker is here; no containerd service runs.
+    _facts, plan = plan_for(tmp_path, opts_for(key))
+    assert plan.configure == [rt for rt in configure if rt == "docker"]
     # Only those asked for.
-    _facts, plan = plan_for(tmp_path, opts_for(key, runtimes=[]))
-    assert plan.actions == []
+    _facts, plan = plan_for(tmp_path, opts_for(key, runtimes=["containerd"]))
+    assert plan.configure == [rt for rt in configure if rt == "containerd"]
 
 
 @pytest.mark.parametrize(
@@ -255,14 +266,28 @@ def test_the_runtime_part_without_nvidia_ctk_refuses_naming_the_fix(tmp_path: Pa
     _facts, plan = plan_for(tmp_path, opts_for(key, parts=["runtime"], cdi=False))
     assert plan.refused and plan.actions == []
     assert plan.refusal_text() == (
-        "refused, nothing changed: nvidia-ctk is not on this guest although nvidia-container-toolkit should be "
+        "refused, nothing changed: nvidia-ctk is not on this guest although nvidia-container-toolkit-base should be "
         "installed; fix: check that the package provides /usr/bin/nvidia-ctk (nvidia-container-toolkit-base), "
         "or install it by hand"
     )
-    # With nvidia-ctk there: both runtimes as the checks judge them (no daemon.json: fail).
+    # With nvidia-ctk there: the runtime in CDI mode, Docker as the checks judge it (no daemon.json: fail), and
+    # this guest has no iptables: Docker's daemon.json without netfilter and bridge, written before nvidia-ctk.
     binary(fake, "nvidia-ctk")
     _facts, plan = plan_for(tmp_path, opts_for(key, parts=["runtime"], cdi=False))
-    assert commands(plan) == ["nvidia-ctk runtime configure --runtime=docker"]
+    assert commands(plan) == [
+        "nvidia-ctk config --in-place --set nvidia-container-runtime.mode=cdi",
+        "nvidia-ctk runtime configure --runtime=docker",
+    ]
+    daemon = plan.actions[0]
+    assert daemon.path == "etc/docker/daemon.json" and json.loads(daemon.content) == {
+        "bridge": "none",
+        "ip6tables": False,
+        "iptables": False,
+    }
+    # With iptables, nothing to say about netfilter; with the legacy hook, the runtime's mode is left alone.
+    binary(fake, "iptables")
+    _facts, plan = plan_for(tmp_path, opts_for(key, parts=["runtime"], cdi=False, legacy_hook=True))
+    assert commands(plan) == ["nvidia-ctk runtime configure --runtime=docker"] and len(plan.actions) == 1
 
 
 def test_invalid_daemon_json_is_refused_not_handed_to_nvidia_ctk(tmp_path: Path, key: KeyData) -> None:
@@ -297,7 +322,14 @@ def test_a_restart_is_owed_from_state_not_from_a_notification(tmp_path: Path, ke
     assert (
         facts.engines["docker"].config_newer_than_process and not facts.engines["containerd"].config_newer_than_process
     )
-    assert commands(plan) == ["systemctl restart docker"] and plan.restart == ["docker"]
+    # No systemd here: dockerd reloads its runtimes on SIGHUP (no container stops); with systemd, its reload.
+    assert commands(plan) == ["start-stop-daemon --stop --signal HUP --pidfile /var/run/docker.pid"]
+    assert plan.restart == ["docker"] and plan.wait_for == ["docker"]
+    fake.write("run/systemd/system/.keep", "")
+    assert commands(plan_for(tmp_path, opts_for(key))[1]) == ["systemctl reload -- docker"]
+    # What the running engine says is in force wins over the times: it has the nvidia runtime.
+    facts.docker_engine_runtimes = ["nvidia", "runc"]
+    assert plan_guest_toolkit(facts, opts_for(key)).actions == []
     # Configured before the engine started: nothing owed.
     os.utime(tmp_path / "etc/docker/daemon.json", (old, old))
     assert plan_for(tmp_path, opts_for(key))[1].actions == []
@@ -315,7 +347,10 @@ def test_dockers_own_containerd_is_not_the_containerd_service(tmp_path: Path, ke
     assert facts.engines["containerd"].started is None and plan.actions == []
     fake.write("proc/640/cmdline", "/usr/bin/containerd\0")
     facts, plan = plan_for(tmp_path, opts_for(key))
-    assert facts.engines["containerd"].config_newer_than_process and commands(plan) == ["systemctl restart containerd"]
+    # No systemd: no pid file to restart containerd by, so it waits, said.
+    assert facts.engines["containerd"].config_newer_than_process and plan.restart_pending == ["containerd"]
+    fake.write("run/systemd/system/.keep", "")
+    assert commands(plan_for(tmp_path, opts_for(key))[1]) == ["systemctl restart -- containerd"]
 
 
 def test_a_configured_running_engine_is_restarted_after_nvidia_ctk(tmp_path: Path, key: KeyData) -> None:
@@ -324,8 +359,9 @@ def test_a_configured_running_engine_is_restarted_after_nvidia_ctk(tmp_path: Pat
     running(fake, 640, "containerd", 10)
     old = time.time() - 7200
     os.utime(tmp_path / "etc/containerd/config.toml", (old, old))
+    fake.write("run/systemd/system/.keep", "")
     _facts, plan = plan_for(tmp_path, opts_for(key))
-    assert commands(plan) == ["nvidia-ctk runtime configure --runtime=containerd", "systemctl restart containerd"]
+    assert commands(plan) == ["nvidia-ctk runtime configure --runtime=containerd", "systemctl restart -- containerd"]
 
 
 def test_rhel_without_docker_and_without_an_offline_directory_is_refused(tmp_path: Path, key: KeyData) -> None:
@@ -336,7 +372,9 @@ def test_rhel_without_docker_and_without_an_offline_directory_is_refused(tmp_pat
     assert "guest_container_toolkit_install_docker: false" in plan.refusal_text()
     # Without Docker asked for: NVIDIA's .repo file, the toolkit by dnf.
     armored = str(key["armored"], "ascii")
-    opts = GuestToolkitOptions(key=Key(key["binary"], [key["fpr"]], armored), install_docker=False, cdi=False)
+    opts = GuestToolkitOptions(
+        key=Key(key["binary"], [key["fpr"]], armored), install_docker=False, cdi=False, parts=["repository", "toolkit"]
+    )
     _facts, plan = plan_for(tmp_path, opts)
     assert plan.describe()[:2] == [
         "create /etc/pki/rpm-gpg/nvidia-container-toolkit.asc (the repository's signing key, from the controller)",
@@ -345,7 +383,7 @@ def test_rhel_without_docker_and_without_an_offline_directory_is_refused(tmp_pat
     repo = plan.actions[1].content
     assert f"baseurl={REPO_URL}/rpm/$basearch\n" in repo and "repo_gpgcheck=1\n" in repo
     assert "gpgkey=file:///etc/pki/rpm-gpg/nvidia-container-toolkit.asc\n" in repo
-    assert commands(plan) == ["dnf -y install nvidia-container-toolkit"]
+    assert commands(plan) == ["dnf -y install -- nvidia-container-toolkit-base"]
 
 
 def test_an_unknown_distribution_is_refused(tmp_path: Path, key: KeyData) -> None:
@@ -361,58 +399,92 @@ DEST = "var/lib/gpuprov/offline-packages"
 
 
 def offline_guest(root: Path, names: list[str]) -> FakeHost:
-    fake = guest(root)
+    fake = guest(root, packages=("libc6=2.39-0ubuntu8.6",))
     for name in names:
         fake.write(f"{DEST}/{name}", f"package {name}\n")
     return fake
 
 
-def control_of(calls: list[str]) -> Callable[[str], str]:
-    def control(path: str) -> str:
-        calls.append(os.path.basename(path))
-        return f"Package: {os.path.basename(path).split('_')[0]}\nVersion: 1.0\nArchitecture: amd64\n"
+def stanza(name: str, version: str = "1.0", depends: str = "") -> str:
+    """One package of an offline directory's index, as the lookup offline_index gives it."""
+    deps = f"Depends: {depends}\n" if depends else ""
+    file = f"{name}_{version.replace(':', '%3a')}_amd64.deb"  # as apt names the files it downloads
+    return f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n{deps}Filename: ./{file}\n"
 
-    return control
 
-
-def test_the_offline_index_is_dpkg_debs_fields_and_kept_for_unchanged_files(tmp_path: Path) -> None:
-    names = ["docker.io_20.10.24_amd64.deb", "tini_0.19.0-1_amd64.deb"]
-    offline_guest(tmp_path, names)
-    sysfs = Sysfs(str(tmp_path))
-    calls: list[str] = []
-    index = offline_index(sysfs, DEST, names, None, control_of(calls))
-    size = len("package docker.io_20.10.24_amd64.deb\n")
-    assert index.startswith(
-        "Package: docker.io\nVersion: 1.0\nArchitecture: amd64\n"
-        f"Filename: ./docker.io_20.10.24_amd64.deb\nSize: {size}\nSHA256: "
-    )
-    assert index.count("\n\n") == 2 and calls == names
-    # Again with that index: no file is read by dpkg-deb; a changed file is.
-    calls.clear()
-    assert offline_index(sysfs, DEST, names, index, control_of(calls)) == index and calls == []
-    (tmp_path / DEST / names[1]).write_text("a newer tini\n")
-    offline_index(sysfs, DEST, names, index, control_of(calls))
-    assert calls == [names[1]]
+# Debian 12's engine and the toolkit's base package, with what a bare guest lacks of their dependencies.
+ENGINE_INDEX = "\n".join(
+    [
+        stanza("docker.io", "20.10.24", "containerd (>= 1.6), runc, tini, libdevmapper1.02.1 (>= 2:1.02.97), iptables"),
+        stanza("containerd", "1.6.20", "runc"),
+        stanza("runc", "1.1.5"),
+        stanza("tini", "0.19.0"),
+        stanza("libdevmapper1.02.1", "2:1.02.185-2", "dmsetup (>= 2:1.02.185-2)"),
+        stanza("dmsetup", "2:1.02.185-2"),
+        stanza("iptables", "1.8.9-2"),
+        stanza("nvidia-container-toolkit-base", "1.19.0~src.d34b3046-1", "libc6 (>= 2.34)"),
+    ]
+)
+ENGINE_FILES = [f"{line.split('./', 1)[1]}" for line in ENGINE_INDEX.splitlines() if line.startswith("Filename:")]
 
 
 def test_offline_installs_from_the_local_repository(tmp_path: Path, key: KeyData) -> None:
-    names = ["docker.io_20.10.24_amd64.deb", "nvidia-container-toolkit_1.17.8-1_amd64.deb"]
-    offline_guest(tmp_path, names)
-    index = offline_index(Sysfs(str(tmp_path)), DEST, names, None, control_of([]))
+    offline_guest(tmp_path, ENGINE_FILES)
     parts = ["docker", "toolkit", "runtime"]  # the role's main entry point leaves the repository out offline
-    opts = opts_for(key, parts=parts, offline_names=names, offline_source="files/debs", offline_index=index, cdi=False)
+    opts = opts_for(
+        key, parts=parts, offline_names=ENGINE_FILES, offline_source="files/debs", offline_index=ENGINE_INDEX, cdi=False
+    )
     _facts, plan = plan_for(tmp_path, opts, offline_dir=DEST)
+    assert not plan.refused, plan.refusal_text()
     assert plan.describe()[:2] == [
         f"create /{DEST}/Packages (index the offline packages for apt)",
         f"create /{OFFLINE_SOURCE} (serve them to apt)",
     ]
+    assert plan.actions[0].content == ENGINE_INDEX
     assert plan.actions[1].content.endswith(f"deb [trusted=yes] file:/{DEST} ./\n")
     assert commands(plan)[:2] == [
         "env DEBIAN_FRONTEND=noninteractive apt-get update -o Dir::Etc::sourcelist=sources.list.d/gpuprov-offline.list "
         "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0",
-        "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io "
-        "nvidia-container-toolkit",
+        "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -- docker.io "
+        "nvidia-container-toolkit-base",
     ]
+
+
+def test_every_dependency_the_guest_and_the_directory_lack_is_named_in_one_refusal(
+    tmp_path: Path, key: KeyData
+) -> None:
+    """Issue 25: Debian's docker.io on a guest that lacks libdevmapper1.02.1 and iptables, the directory without
+    them: one refusal naming both, before anything is written."""
+    index = "\n\n".join(
+        stanza
+        for stanza in ENGINE_INDEX.split("\n\n")
+        if not stanza.startswith(("Package: iptables", "Package: libdev"))
+    )
+    files = [f for f in ENGINE_FILES if not f.startswith(("iptables", "libdev"))]
+    offline_guest(tmp_path, files)
+    opts = opts_for(
+        key,
+        parts=["docker", "toolkit", "runtime"],
+        offline_names=files,
+        offline_source="files/debs",
+        offline_index=index,
+    )
+    _facts, plan = plan_for(tmp_path, opts, offline_dir=DEST)
+    assert plan.refused and plan.actions == [] and len(plan.refusals) == 1
+    text = plan.refusal_text()
+    assert "the offline directory files/debs lacks what this guest lacks too: " in text
+    assert (
+        "iptables (needed by docker.io)" in text and "libdevmapper1.02.1 (>= 2:1.02.97) (needed by docker.io)" in text
+    )
+    assert "scripts/offline-debs.sh --status <this guest's /var/lib/dpkg/status>" in text
+    assert text.index("iptables") < text.index("fix:")
+    # What the guest has already is not asked of the directory.
+    status = tmp_path / "var/lib/dpkg/status"
+    status.write_text(
+        status.read_text() + "\nPackage: iptables\nStatus: install ok installed\nVersion: 1.8.10\n"
+        "\nPackage: libdevmapper1.02.1\nStatus: install ok installed\nVersion: 2:1.02.185-1\n"
+    )
+    assert not plan_for(tmp_path, opts, offline_dir=DEST)[1].refused
 
 
 @pytest.mark.parametrize(
@@ -421,24 +493,30 @@ def test_offline_installs_from_the_local_repository(tmp_path: Path, key: KeyData
         (
             ["docker.io_20.10.24_amd64.deb"],
             False,
-            "nvidia-container-toolkit is not in the offline directory files/debs (it holds docker.io): "
-            "nvidia-container-toolkit is on no distribution's repository, only on NVIDIA's; fix: download "
+            "nvidia-container-toolkit-base is not in the offline directory files/debs (it holds docker.io): "
+            "NVIDIA's container toolkit is on no distribution's repository, only on NVIDIA's; fix: download "
             "nvidia-container-toolkit, nvidia-container-toolkit-base, libnvidia-container-tools and "
             "libnvidia-container1 (deb, for amd64) from https://nvidia.github.io/libnvidia-container/stable/deb/amd64/ "
             "into it",
         ),
         (
-            ["nvidia-container-toolkit_1.17.8-1_amd64.deb"],
+            ["nvidia-container-toolkit-base_1.17.8-1_amd64.deb"],
             True,
             "Docker is not installed and the offline directory files/debs has no docker.io package; fix: add Docker's",
         ),
         ([], False, "the offline directory files/debs holds no .deb file on the controller; fix: put the packages"),
+        (
+            ["-oDPkg::Pre-Invoke::=x_1_amd64.deb"],
+            False,
+            "the offline directory has files whose names are not package file names: "
+            "'-oDPkg::Pre-Invoke::=x_1_amd64.deb'",
+        ),
     ],
 )
 def test_an_offline_directory_without_what_is_needed_is_refused(
     tmp_path: Path, key: KeyData, names: list[str], docker: bool, expected: str
 ) -> None:
-    fake = offline_guest(tmp_path, names)
+    fake = guest(tmp_path)
     if not docker:
         binary(fake, "dockerd")
     opts = opts_for(key, offline_names=names, offline_source="files/debs", offline_index="")
@@ -480,11 +558,13 @@ def test_module_check_mode_shows_every_action_and_writes_nothing(tmp_path: Path,
     result = run_in_process("guest_toolkit", module_args(tmp_path, key), check=True)
     assert not result["failed"], result.get("msg")
     assert result["changed"] is True  # its files would be written (its commands would not run here)
-    assert len(result["plan"]) == 7 and result["installs"] == ["docker.io", "nvidia-container-toolkit"]
-    # --diff shows every action: the two files, and the commands under "command (run now)".
+    assert len(result["plan"]) == 9 and result["installs"] == ["docker.io", "nvidia-container-toolkit-base"]
+    # --diff shows every action: the files, and the commands under "command (run now)".
     headers = [d["after_header"] for d in result["diff"]]
     assert headers[:2] == [f"{tmp_path}/{KEYRING}", f"{tmp_path}/{APT_SOURCE}"]
-    assert len(headers) == 7 and all(h.startswith("command (run now)") for h in headers[2:]), headers
+    assert f"{tmp_path}/etc/docker/daemon.json" in headers  # no iptables here: Docker without netfilter
+    commands_shown = [h for h in headers if h.startswith("command (run now)")]
+    assert len(headers) == 9 and len(commands_shown) == 6, headers
     assert tree_digest(tmp_path) == before
 
 
@@ -492,11 +572,11 @@ def test_module_applies_files_on_a_staged_root_and_reports_the_commands(tmp_path
     guest(tmp_path)
     result = run_in_process("guest_toolkit", module_args(tmp_path, key))
     assert not result["failed"], result.get("msg")
-    assert result["changed"] is True and len(result["not_run"]) == 5
+    assert result["changed"] is True and len(result["not_run"]) == 6
     assert (tmp_path / KEYRING).read_bytes() == key["binary"]
     assert (tmp_path / KEYRING).stat().st_mode & 0o777 == 0o644
     again = run_in_process("guest_toolkit", module_args(tmp_path, key))
-    assert again["changed"] is False and len(again["plan"]) == 5  # only the commands (never run here) remain
+    assert again["changed"] is False and len(again["plan"]) == 6  # only the commands (never run here) remain
 
 
 def test_module_refuses_a_key_with_another_fingerprint(tmp_path: Path, key: KeyData) -> None:
@@ -520,15 +600,33 @@ def test_module_says_where_the_key_could_not_be_fetched(tmp_path: Path) -> None:
 def test_module_offline_refusal_changes_nothing(tmp_path: Path, key: KeyData) -> None:
     offline_guest(tmp_path, ["docker.io_20.10.24_amd64.deb"])
     before = tree_digest(tmp_path)
-    result = run_in_process(
-        "guest_toolkit",
-        module_args(tmp_path, key, offline_dir="files/debs", offline_files=["docker.io_20.10.24_amd64.deb"]),
+    index = stanza("docker.io", "20.10.24", "containerd")
+    args = {"offline_dir": "files/debs", "offline_files": ["docker.io_20.10.24_amd64.deb"], "offline_index": index}
+    result = run_in_process("guest_toolkit", module_args(tmp_path, key, **args))
+    assert (
+        result["failed"] and "nvidia-container-toolkit-base is not in the offline directory files/debs" in result["msg"]
     )
-    assert result["failed"] and "nvidia-container-toolkit is not in the offline directory files/debs" in result["msg"]
+    assert tree_digest(tmp_path) == before
+    # With the toolkit there, the dependency the guest and the directory lack is refused, still nothing written.
+    args["offline_files"].append("nvidia-container-toolkit-base_1.19.0_amd64.deb")
+    args["offline_index"] += "\n" + stanza("nvidia-container-toolkit-base", "1.19.0")
+    result = run_in_process("guest_toolkit", module_args(tmp_path, key, parts=["docker", "toolkit", "runtime"], **args))
+    assert result["failed"] and "containerd (needed by docker.io)" in result["msg"], result["msg"]
     assert tree_digest(tmp_path) == before
 
 
 # ---------------------------------------------------------------- the module's live path, simulated
+
+
+class FilesOnly:
+    """Writes files under a root (FakeHost would lay a new host out)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def write(self, rel: str, text: str) -> None:
+        (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (self.root / rel).write_text(text)
 
 
 class FakeGuest:
@@ -536,6 +634,7 @@ class FakeGuest:
 
     def __init__(self, root: Path, *, ctk_works: bool = True) -> None:
         self.root, self.ctk_works, self.ran = root, ctk_works, []
+        self.engines: list[FakeDockerd] = []
 
     def __call__(self, plan: Any, root: str = "/") -> Any:
         from gpuprov.plan import base
@@ -547,10 +646,10 @@ class FakeGuest:
                 argv = " ".join(action.argv)
                 self.ran.append(argv)
                 if "apt-get install" in argv:
-                    for name in action.argv[action.argv.index("--no-install-recommends") + 1 :]:
+                    for name in action.argv[action.argv.index("--") + 1 :]:
                         status = sysfs_files / "var/lib/dpkg/status"
                         status.write_text(status.read_text() + f"\nPackage: {name}\nStatus: install ok installed\n")
-                        bin_name = {"docker.io": "dockerd", "nvidia-container-toolkit": "nvidia-ctk"}[name]
+                        bin_name = {"docker.io": "dockerd", "nvidia-container-toolkit-base": "nvidia-ctk"}[name]
                         (sysfs_files / "usr/bin").mkdir(parents=True, exist_ok=True)
                         (sysfs_files / "usr/bin" / bin_name).write_text("#!/bin/sh\n")
                 if "apt-get install" in argv and "docker.io" in argv:  # Debian's docker.io brings containerd (CRI on)
@@ -560,8 +659,17 @@ class FakeGuest:
                 if argv == "nvidia-ctk runtime configure --runtime=containerd" and self.ctk_works:
                     (sysfs_files / "etc/containerd/config.toml").write_text(CONTAINERD_TOML)
                 if argv == "nvidia-ctk runtime configure --runtime=docker" and self.ctk_works:
-                    (sysfs_files / "etc/docker").mkdir(parents=True, exist_ok=True)
-                    (sysfs_files / "etc/docker/daemon.json").write_text(DAEMON_JSON)
+                    daemon = sysfs_files / "etc/docker/daemon.json"  # nvidia-ctk merges into what is there
+                    daemon.parent.mkdir(parents=True, exist_ok=True)
+                    merged = {**(json.loads(daemon.read_text()) if daemon.exists() else {}), **json.loads(DAEMON_JSON)}
+                    daemon.write_text(json.dumps(merged))
+                if argv == "nvidia-ctk config --in-place --set nvidia-container-runtime.mode=cdi":
+                    (sysfs_files / "etc/nvidia-container-runtime").mkdir(parents=True, exist_ok=True)
+                    (sysfs_files / RUNTIME_CONFIG).write_text(CDI_MODE)
+                if "start-stop-daemon --start" in argv:  # dockerd runs: its process, its pid file, its socket
+                    running(FilesOnly(sysfs_files), 4242, "dockerd", 0, pidfile="run/docker.pid")
+                    (sysfs_files / "var/run").mkdir(parents=True, exist_ok=True)
+                    self.engines.append(FakeDockerd(sysfs_files / "var/run/docker.sock"))
                 if argv.startswith("nvidia-ctk cdi generate"):
                     (sysfs_files / "etc/cdi").mkdir(parents=True, exist_ok=True)
                     (sysfs_files / "etc/cdi/nvidia.yaml").write_text(cdi_spec(["0", "all"]))
@@ -587,26 +695,37 @@ def live(monkeypatch: pytest.MonkeyPatch) -> Callable[[FakeGuest], None]:
 def test_module_installs_then_plans_the_runtime_part_on_what_the_packages_brought(
     tmp_path: Path, key: KeyData, live: Callable[[FakeGuest], None]
 ) -> None:
-    guest(tmp_path)
+    """A guest like the device machines': no systemd, no engine, no iptables; start-stop-daemon is there."""
+    binary(guest(tmp_path), "start-stop-daemon")
     fake = FakeGuest(tmp_path)
     live(fake)
-    result = run_in_process("guest_toolkit", module_args(tmp_path, key))
-    assert not result["failed"], result.get("msg")
-    assert fake.ran == [
-        "env DEBIAN_FRONTEND=noninteractive apt-get update",
-        "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io",
-        "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nvidia-container-toolkit",
-        # Planned again on the new state: dockerd, nvidia-ctk and the containerd Docker brought are there now.
-        "nvidia-ctk runtime configure --runtime=docker",
-        "nvidia-ctk runtime configure --runtime=containerd",
-        "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
-    ]
-    assert result["changed"] is True and result["installs"] == ["docker.io", "nvidia-container-toolkit"]
-    assert result["configure"] == ["docker", "containerd"] and len(result["plan"]) == 8
-    # The next run owes nothing.
-    fake.ran.clear()
-    again = run_in_process("guest_toolkit", module_args(tmp_path, key))
-    assert not again["failed"] and again["changed"] is False and fake.ran == []
+    try:
+        result = run_in_process("guest_toolkit", module_args(tmp_path, key))
+        assert not result["failed"], result.get("msg")
+        assert fake.ran == [
+            "env DEBIAN_FRONTEND=noninteractive apt-get update",
+            "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -- docker.io",
+            "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -- "
+            "nvidia-container-toolkit-base",
+            # Planned again on the new state: dockerd and nvidia-ctk are there now; the containerd Docker brought
+            # runs as no service, so it is not configured. The engine starts last, on its final configuration.
+            "nvidia-ctk config --in-place --set nvidia-container-runtime.mode=cdi",
+            "nvidia-ctk runtime configure --runtime=docker",
+            "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
+            "/usr/bin/start-stop-daemon --start --background --oknodo --pidfile /var/run/docker.pid "
+            "--output /var/log/gpuprov-dockerd.log --exec /usr/bin/dockerd -- --pidfile /var/run/docker.pid",
+        ]
+        assert json.loads((tmp_path / "etc/docker/daemon.json").read_text())["iptables"] is False
+        assert result["changed"] is True and result["installs"] == ["docker.io", "nvidia-container-toolkit-base"]
+        assert result["configure"] == ["docker"] and len(result["plan"]) == 10
+        # The next run owes nothing.
+        fake.ran.clear()
+        again = run_in_process("guest_toolkit", module_args(tmp_path, key))
+        assert not again["failed"], again.get("msg")
+        assert again["changed"] is False and fake.ran == [], fake.ran
+    finally:
+        for engine in fake.engines:
+            engine.close()
 
 
 def test_module_fails_when_nvidia_ctk_did_not_fix_what_it_was_to(
@@ -615,7 +734,8 @@ def test_module_fails_when_nvidia_ctk_did_not_fix_what_it_was_to(
     fake_host = converged(tmp_path, key)
     fake_host.write("etc/docker/daemon.json", "{}\n")
     live(FakeGuest(tmp_path, ctk_works=False))
-    result = run_in_process("guest_toolkit", module_args(tmp_path, key))
+    # (Docker is not running in this staged guest; starting it is another test's.)
+    result = run_in_process("guest_toolkit", module_args(tmp_path, key, start=False))
     assert result["failed"] and result["done"] == [
         "run nvidia-ctk runtime configure --runtime=docker (Docker is here but has no NVIDIA runtime and CDI is off "
         "(/etc/docker/daemon.json): containers cannot get the GPU)"

@@ -8,9 +8,7 @@ from; everything through :class:`Sysfs`, so a staged root works the same.
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .containers import (
@@ -183,59 +181,6 @@ def read_offline_files(sysfs: Sysfs, directory: str, ext: str) -> dict[str, int]
             except OSError:
                 continue
     return out
-
-
-def _sha256(sysfs: Sysfs, rel: str) -> str | None:
-    """A package file's digest, streamed (they are larger than a bounded read); never through a link."""
-    digest = hashlib.sha256()
-    try:
-        fd = os.open(sysfs.write_path(rel), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        while chunk := os.read(fd, 1 << 20):
-            digest.update(chunk)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return digest.hexdigest()
-
-
-def offline_index(
-    sysfs: Sysfs, directory: str, names: list[str], current: str | None, control: Callable[[str], str]
-) -> str:
-    """The apt ``Packages`` index of the offline directory's ``names`` (root-relative ``directory``):
-    each package's control fields, then Filename, Size, SHA256. A stanza of the ``current`` index
-    for the same file (name, size and digest) is kept as it is; ``control`` (``dpkg-deb -f`` of a
-    file's absolute path) is asked only for the others."""
-    known: dict[tuple[str, str, str], str] = {}
-    for stanza in (current or "").split("\n\n"):
-        lines = stanza.strip("\n").splitlines()
-        tail = dict(line.split(": ", 1) for line in lines[-3:] if ": " in line)
-        key = (tail.get("Filename", ""), tail.get("Size", ""), tail.get("SHA256", ""))
-        if all(key):
-            known[key] = "\n".join(lines) + "\n\n"
-    out = []
-    for name in names:
-        rel = f"{directory}/{name}"
-        size, digest = _size(sysfs, rel), _sha256(sysfs, rel)
-        if size is None or digest is None:
-            continue
-        key = (f"./{name}", str(size), digest)
-        stanza = known.get(key)
-        if stanza is None:
-            fields = control(sysfs.write_path(rel)).rstrip("\n")
-            stanza = f"{fields}\nFilename: ./{name}\nSize: {size}\nSHA256: {digest}\n\n"
-        out.append(stanza)
-    return "".join(out)
-
-
-def _size(sysfs: Sysfs, rel: str) -> int | None:
-    try:
-        return os.lstat(sysfs.write_path(rel)).st_size
-    except OSError:
-        return None
 
 
 def runtime_mode(text: str | None) -> str | None:

@@ -339,13 +339,13 @@ def _rpm_installed(names: list[str]) -> dict[str, str] | None:
     return found
 
 
-def _live_facts(facts: GuestToolkitFacts) -> None:
+def _live_facts(facts: GuestToolkitFacts, root: str) -> None:
     """What only the live guest can say: whether the CDI refresh unit is enabled (systemd), and how many
     containers a running Docker engine runs and whether it keeps them over a restart (live-restore)."""
     if facts.systemd and facts.cdi_refresh_unit:
-        states = read_services(Sysfs("/"), [CDI_REFRESH_UNIT]).states
+        states = read_services(Sysfs(root), [CDI_REFRESH_UNIT]).states
         facts.cdi_refresh_enabled = None if states is None else _unit_on(states.get(CDI_REFRESH_UNIT, ("", "")))
-    engine = find_engine("/")
+    engine = find_engine(root)
     docker = facts.engines.get("docker")
     if engine is not None and docker is not None and docker.started is not None:
         try:
@@ -477,7 +477,7 @@ def main() -> None:
             gpu_list=gpu_list,
         )
         if sysfs.live:
-            _live_facts(facts)
+            _live_facts(facts, root)
         return facts
 
     def plan_now() -> tuple[GuestToolkitFacts, GuestToolkitPlan]:
