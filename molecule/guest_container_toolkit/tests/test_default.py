@@ -1,17 +1,19 @@
-"""guest_container_toolkit after converge (entry points repository and docker)
+"""guest_container_toolkit after converge (entry points repository and main)
 and idempotence, in a Debian 12 and an Ubuntu-like (24.04 noble) instance with
 no network.
 
 The repository's key is a test key made with gpg at prepare time (the
-controller's gpg home is in the scenario's ephemeral directory); Docker comes
-from an offline directory of real Debian packages. nvidia-container-toolkit
-itself is on no reachable registry: the main entry point must refuse, naming the
-fix, and change nothing. Helpers and fixtures: molecule/conftest.py.
+controller's gpg home is in the scenario's ephemeral directory); Docker and
+NVIDIA's container toolkit (built from its public source,
+../shared/fixtures/toolkit-debs) come from an offline directory of real packages.
+No driver here: everything up to the CDI spec. Helpers and fixtures:
+molecule/conftest.py.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import subprocess
@@ -23,7 +25,6 @@ KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit.gpg"
 SOURCE = "/etc/apt/sources.list.d/nvidia-container-toolkit.sources"
 OFFLINE = "/var/lib/gpuprov/offline-packages"
 MIRROR = "/srv/mirror"
-STAND_IN = "/usr/local/bin/nvidia-ctk"  # outside UNTOUCHED: the check-mode test puts it there and removes it
 EPHEMERAL = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"))
 GNUPG = EPHEMERAL / "gnupg"
 # What a refusal must leave alone: the configuration, the package database, the binaries.
@@ -139,66 +140,66 @@ def test_docker_came_from_the_offline_directory(host):
     )
 
 
-def test_without_the_toolkit_in_the_offline_directory_main_refuses_and_changes_nothing(converge, digest):
+def test_the_toolkit_came_from_the_offline_directory_cdi_first(host):
+    """Issue 25: nvidia-container-toolkit-base alone (not the legacy hook), the nvidia runtime in CDI mode,
+    Docker's nvidia runtime in daemon.json; the engine is not started here (guest_container_toolkit_start: false)."""
+    offline = EPHEMERAL / "offline-debs"
+    (deb,) = sorted(offline.glob("nvidia-container-toolkit-base_*.deb"))
+    base = host.package("nvidia-container-toolkit-base")
+    assert base.is_installed and base.version == deb.name.split("_")[1]
+    assert not host.package("nvidia-container-toolkit").is_installed
+    assert host.run("nvidia-ctk --version").rc == 0
+    for binary in ("/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-container-runtime"):
+        assert host.file(binary).is_file
+    config = host.file("/etc/nvidia-container-runtime/config.toml").content_string
+    assert re.search(r'^mode = "cdi"$', config, re.M), config
+    daemon = json.loads(host.file("/etc/docker/daemon.json").content_string)
+    assert daemon["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+
+
+def test_a_dependency_the_directory_lacks_is_refused_before_anything_changes(converge, digest, debian_only):
+    """The legacy hook needs libnvidia-container-tools, which the directory does not hold: one refusal naming
+    it, before anything is copied or written."""
     before = digests(digest)
-    run = converge({"gpuprov_molecule_entry_points": ["main"]})
+    run = converge({"gpuprov_molecule_entry_points": ["main"], "guest_container_toolkit_legacy_hook": True})
     assert run.failures > 0
     (msg,) = run.failed_msgs
-    assert msg.startswith("refused, nothing changed: nvidia-container-toolkit is not in the offline directory "), msg
-    assert "nvidia-container-toolkit is on no distribution's repository, only on NVIDIA's; fix: download" in msg
-    assert (
-        "download nvidia-container-toolkit, nvidia-container-toolkit-base, libnvidia-container-tools and "
-        "libnvidia-container1 (deb, for amd64) from https://nvidia.github.io/libnvidia-container/stable/deb/amd64/"
-    ) in msg
+    assert msg.startswith("refused, nothing changed: the offline directory "), msg
+    assert "libnvidia-container-tools (>= 1.19.0~) (needed by nvidia-container-toolkit)" in msg
+    assert "fix: add them to it: scripts/offline-debs.sh --status" in msg
     assert digests(digest) == before
 
 
 def test_the_runtime_step_follows_gpuprov_verifys_checks_in_check_mode(host, converge, digest, debian_only):
-    """Docker (no daemon.json) and Debian's containerd (CRI on) fail / warn in gpuprov verify: both are
-    to be configured; check mode says what it would run and changes nothing. (No CDI: no driver here.)
-    nvidia-ctk is not installable here: a stand-in on PATH is enough for the plan (it is never run)."""
+    """Docker is configured by the converge; containerd (Debian's, CRI on) is configured only when named: it runs
+    as no service here. Check mode says what it would run and changes nothing."""
     before = digests(digest)
-    host.run_expect([0], "printf '#!/bin/sh\\nexit 1\\n' > %s && chmod 755 %s", STAND_IN, STAND_IN)
-    try:
-        run = converge({"gpuprov_molecule_entry_points": ["runtime"], "guest_container_toolkit_cdi": False}, check=True)
-    finally:
-        host.run("rm -f %s", STAND_IN)
+    run = converge({"gpuprov_molecule_entry_points": ["runtime"]}, check=True)
     assert run.failures == 0, run.output
-    assert run.changed_tasks == ["gpuprov.kvm.guest_container_toolkit : Apply what the guest's state owes"]
-    assert (
-        "would run nvidia-ctk runtime configure --runtime=docker (Docker is here but has no NVIDIA runtime"
-        in run.output
+    assert run.changed == 0, run.changed_tasks
+    run = converge(
+        {"gpuprov_molecule_entry_points": ["runtime"], "guest_container_toolkit_runtimes": ["docker", "containerd"]},
+        check=True,
     )
+    assert run.failures == 0, run.output
     assert "would run nvidia-ctk runtime configure --runtime=containerd (containerd's CRI" in run.output
+    assert "--runtime=docker" not in run.output
     assert digests(digest) == before
 
 
-def test_the_runtime_step_without_nvidia_ctk_fails_naming_the_fix(converge, digest, debian_only):
-    before = digests(digest)
-    run = converge({"gpuprov_molecule_entry_points": ["runtime"]})
-    assert run.failures > 0
-    (msg,) = run.failed_msgs
-    assert msg.startswith(
-        "refused, nothing changed: nvidia-ctk is not on this guest although nvidia-container-toolkit should be "
-        "installed; fix: check that the package provides /usr/bin/nvidia-ctk"
-    ), msg
-    # The CDI spec is owed too (Docker is here), and the driver is not loaded: said in the same refusal.
-    assert "but the NVIDIA driver is not loaded, so nvidia-ctk cannot list the GPUs" in msg
-    assert digests(digest) == before
-
-
-def test_gpuprov_verify_here_names_the_toolkit_as_the_fix(host):
-    """What the play's closing check says on this guest: Docker without the NVIDIA runtime."""
+def test_gpuprov_verify_here_sees_dockers_runtime_and_names_the_cdi_fix(host):
+    """What the play's closing check says on this guest: Docker has the nvidia runtime; no CDI spec (no driver)."""
     result = host.ansible("gpuprov.kvm.gpu_verify", '{"container": false, "fail_on": []}', check=False)
     checks = {c["id"]: c for c in result["checks"]}
-    docker = checks["docker-runtime"]
-    assert docker["status"] == "fail"
-    assert docker["message"].startswith("Docker is here but has no NVIDIA runtime and CDI is off")
-    assert docker["fix"] == (
-        "install nvidia-container-toolkit (role guest_container_toolkit), then "
-        "nvidia-ctk runtime configure --runtime=docker && systemctl restart docker"
+    assert checks["docker-runtime"]["status"] == "ok"
+    assert checks["docker-runtime"]["message"] == (
+        "/etc/docker/daemon.json has the nvidia runtime (nvidia-container-runtime)"
     )
-    assert checks["containerd-runtime"]["status"] == "warn"  # Debian's containerd has its CRI plugin on
+    cdi = checks["cdi-spec"]
+    assert cdi["status"] == "warn" and cdi["fix"] == "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+    # Debian's containerd is installed with its CRI on, but no containerd service runs here.
+    assert checks["containerd-runtime"]["status"] == "skip"
+    assert "no containerd service runs" in checks["containerd-runtime"]["message"]
 
 
 def test_check_mode_on_the_converged_guest_reports_no_change(converge, digest):
