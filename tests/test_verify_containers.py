@@ -404,7 +404,10 @@ def test_the_bench_in_a_container_is_set_against_the_guests(fake, dockerd, tmp_p
     inside = {"uuid": uuid, "h2d_gbps": 54.0, "d2h_gbps": 50.0, "matmul_tflops": 780.0}
     engine = dockerd(bench_output=json.dumps({"backend": "torch", "results": [inside]}) + "\n")
 
+    calls: list[Any] = []
+
     def guest_bench(backend: Any, gpus: Any, **kwargs: Any) -> list[BenchResult]:
+        calls.append(kwargs)
         figures = {"h2d_gbps": 55.0, "d2h_gbps": 55.0, "matmul_tflops": 785.0}
         return [BenchResult(0, "NVIDIA H100 80GB HBM3", 0, "torch", uuid=uuid, **figures)]
 
@@ -413,6 +416,8 @@ def test_the_bench_in_a_container_is_set_against_the_guests(fake, dockerd, tmp_p
     _facts, checks = verify(
         guest(fake), nvml=FakeNvml(FakeGpu()), engine=client(engine), bench=True, bench_backend=backend
     )
+    # The container's bench and the guest's alternate, three rounds each.
+    assert len(engine.created) == 4 and len(calls) == 3  # the first guest round is the bench the checks report
     bench_run = engine.created[1]
     assert bench_run["Cmd"] == ["python3", "/opt/gpuprov-bench/bench.py"]
     assert bench_run["HostConfig"]["Runtime"] == "nvidia"
@@ -422,7 +427,8 @@ def test_the_bench_in_a_container_is_set_against_the_guests(fake, dockerd, tmp_p
     # 54/55, 50/55 and 780/785: the device->host copy is 0.91 of the guest's, under the line.
     assert check.status == "warn"
     assert check.message == (
-        "GPU 0 in a container / on the guest: host->device 0.98, device->host 0.91, matmul 0.99 (goal 0.97)"
+        "GPU 0 in a container / on the guest, medians of 3 alternated rounds: host->device 0.98, device->host 0.91, "
+        "matmul 0.99 (goal 0.97)"
     )
 
 

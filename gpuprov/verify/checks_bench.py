@@ -128,23 +128,37 @@ def check_bench(facts: VerifyFacts) -> list[Check]:
     return checks
 
 
+def _median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if isinstance(v, (int, float)) and v > 0)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
 def container_ratios(facts: VerifyFacts) -> list[dict[str, Any]]:
-    """Per GPU measured in both places (tied by UUID): the container's figures over the guest's."""
+    """Per GPU measured in both places (tied by UUID): the median of the container's rounds over the
+    median of the guest's, for each figure."""
     run = facts.container
-    if run is None or not run.bench:
+    if run is None or not run.bench_rounds:
         return []
-    inside = {str(r.get("uuid") or "").lower(): r for r in run.bench}
+    guest_rounds = facts.bench_rounds or [facts.bench]
     out = []
     for guest in facts.bench:
-        there = inside.get((guest.uuid or "").lower()) if guest.uuid else None
-        if there is None or guest.error:
+        if not guest.uuid or guest.error:
             continue
-        row: dict[str, Any] = {"gpu_index": guest.gpu_index, "uuid": guest.uuid}
+        key_uuid = guest.uuid.lower()
+        mine = [r for rnd in guest_rounds for r in rnd if (r.uuid or "").lower() == key_uuid and not r.error]
+        theirs = [r for rnd in run.bench_rounds for r in rnd if str(r.get("uuid") or "").lower() == key_uuid]
+        if not theirs:
+            continue
+        row: dict[str, Any] = {"gpu_index": guest.gpu_index, "uuid": guest.uuid, "rounds": len(theirs)}
         for key, _what in _FIGURES:
-            mine, theirs = getattr(guest, key), there.get(key)
-            ok = isinstance(mine, float) and mine > 0 and isinstance(theirs, (int, float))
-            row[key] = round(theirs / mine, 3) if ok else None
-            row[f"container_{key}"] = theirs
+            a = _median([getattr(r, key) for r in mine])
+            b = _median([r.get(key) for r in theirs])
+            row[key] = round(b / a, 3) if a and b else None
+            row[f"guest_{key}"] = None if a is None else round(a, 2)
+            row[f"container_{key}"] = None if b is None else round(b, 2)
         out.append(row)
     return out
 
@@ -172,7 +186,10 @@ def check_container_bench(facts: VerifyFacts) -> list[Check]:
         who = f"GPU {row['gpu_index']}" if row["gpu_index"] is not None else f"GPU-{row['uuid']}"
         parts = [f"{what} {row[key]:.2f}" for key, what in _FIGURES if row[key] is not None]
         low = min((row[key] for key, _what in _FIGURES if row[key] is not None), default=None)
-        text = f"{who} in a container / on the guest: {', '.join(parts)} (goal 0.97)"
+        text = (
+            f"{who} in a container / on the guest, medians of {row['rounds']} alternated rounds: "
+            f"{', '.join(parts)} (goal 0.97)"
+        )
         if low is not None and low >= CONTAINER_OK_RATIO:
             checks.append(Check("bench-container", "ok", text, None, row["gpu_index"]))
         else:

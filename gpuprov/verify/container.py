@@ -57,7 +57,8 @@ class ContainerRun:
     how: str | None = None  # how the container asked for the GPUs
     engine_runtimes: list[str] | None = None
     engine_version: str | None = None
-    bench: list[dict[str, Any]] | None = None  # --bench: the results inside the container
+    bench: list[dict[str, Any]] | None = None  # --bench: the results inside the container (its last round)
+    bench_rounds: list[list[dict[str, Any]]] = field(default_factory=list)  # every round's
     bench_error: str | None = None
 
 
@@ -145,9 +146,10 @@ def _bench_source() -> str:
     return source
 
 
-def run_bench_container(engine: DockerEngine, run: ContainerRun, backend: Any, *, timeout: float = 600) -> None:
+def run_bench_container(engine: DockerEngine, run: ContainerRun, backend: Any, *, timeout: float = 600) -> bool:
     """The bench in a container from ``run.image`` with the same GPU request, the guest's backend
-    (torch or cupy) mounted read-only at its own path; fills ``run.bench`` or ``run.bench_error``."""
+    (torch or cupy) mounted read-only at its own path; adds a round to ``run.bench_rounds`` (True), or
+    says why not in ``run.bench_error`` (False)."""
     module = backend[1]
     site = os.path.dirname(os.path.dirname(os.path.abspath(module.__file__)))
     info = engine_info(engine)
@@ -164,7 +166,7 @@ def run_bench_container(engine: DockerEngine, run: ContainerRun, backend: Any, *
         done = run_container(engine, spec, timeout=timeout)
     except (EngineError, OSError) as exc:
         run.bench_error = f"the bench container did not run: {exc}"
-        return
+        return False
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     lines = [line for line in done.output.splitlines() if line.startswith("{")]
@@ -175,5 +177,7 @@ def run_bench_container(engine: DockerEngine, run: ContainerRun, backend: Any, *
     if done.exit_code != 0 or not isinstance(answer, dict) or not isinstance(answer.get("results"), list):
         tail = (done.output.strip().splitlines() or ["no output"])[-1][:300]
         run.bench_error = f"the bench in {run.image} exited {done.exit_code}: {tail}"
-        return
+        return False
     run.bench = [r for r in answer["results"] if isinstance(r, dict)]
+    run.bench_rounds.append(run.bench)
+    return True
