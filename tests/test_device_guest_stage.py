@@ -58,9 +58,15 @@ def test_a_container_from_the_bare_guest_saw_every_gpu(machine: Path) -> None:
     installed the engine and the toolkit from an offline directory, and a container saw every GPU."""
     summary = (machine / "summary.txt").read_text()
     assert "bare: dockerd=none nvidia-ctk=none pid1=process_api" in summary
-    snapshots = dict(re.findall(r"^etc (before|after check|after toolkit): (\S+)", summary, re.M))
+    snapshots = dict(re.findall(r"^etc (before|after check|after toolkit|after toolkit-again): (\S+)", summary, re.M))
     assert snapshots["before"] == snapshots["after check"] != snapshots["after toolkit"]  # check mode changed nothing
     assert recap(machine, "check")["failed"] == 0 and recap(machine, "toolkit")["failed"] == 0
+    # The role again: nothing to do, nothing changed (/etc and dpkg's status hashed the same).
+    assert recap(machine, "toolkit-again") | {"ok": 0} == {"ok": 0, "changed": 0, "unreachable": 0, "failed": 0}
+    assert snapshots["after toolkit-again"] == snapshots["after toolkit"]
+    # From the offline directory the tool filled from this guest's dpkg status: the engine and what it lacks.
+    offline = (machine / "offline-dir.txt").read_text()
+    assert "libdevmapper1.02.1_" in offline and "iptables_" in offline and "nvidia-container-toolkit-base_" in offline
     report = json.loads((machine / "verify-bench.json").read_text())
     status = {c["id"]: c["status"] for c in report["checks"] if c["gpu"] is None}
     assert status["container-run"] == "ok" and report["summary"]["fail"] == 0
