@@ -149,7 +149,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="check that the GPUs work here: driver, GPUs, PCIe link, vGPU memory, container runtime (--bench: speed)",
         description="Run inside a guest, or on any GPU machine: checks the NVIDIA driver, the GPUs it shows, "
         "each GPU's PCIe link, a vGPU's memory against its profile, Docker/containerd/CDI configuration and "
-        "(with the docker SDK) a container that asks for the GPU. Each check says ok/warn/fail/skip and the fix. "
+        "(with a Docker engine) a container that asks for every GPU, CDI first (with --bench: the same bench "
+        "inside it). Each check says ok/warn/fail/skip and the fix. "
         "Exit 0 when nothing fails, 1 when a check fails, 2 on bad input.",
     )
     p.add_argument(

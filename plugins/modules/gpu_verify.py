@@ -15,20 +15,22 @@ description:
     the GPUs it shows (NVML through pynvml when importable, else C(nvidia-smi -q -x)) against the NVIDIA
     GPUs on the PCI bus, each GPU's PCIe link (current vs max), a vGPU's framebuffer vs its profile and its
     license, MIG state, Docker's and containerd's NVIDIA runtime, the CDI spec against the GPUs and the
-    driver version, and, with the docker SDK and an engine, a container that asks for every GPU and runs
+    driver version, and, with a Docker engine (its API on its socket), a container that asks for every GPU and runs
     C(nvidia-smi -L). With O(bench), pinned host<->device copies and a bf16 matmul (torch or cupy) as
     fractions of the link's and the GPU's peak.
   - The task fails when a check has a status listed in O(fail_on) (by default, a failed check); the
     message names each such check with what it found and the fix.
   - The target needs no gpuprov installed; the logic travels with the module. Optional libraries
-    (pynvml, docker, torch, cupy) are used when the target's Python has them.
+    (pynvml, torch, cupy) are used when the target's Python has them.
 version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
   container:
     description:
-      - Start one short-lived container (removed afterwards) that asks Docker for every GPU, when the docker
-        SDK is importable and an engine answers. Nothing is pulled.
+      - Start one short-lived container (removed afterwards) that asks Docker for every GPU (CDI first - the
+        nvidia runtime, else native CDI, else C(--gpus all)), when an engine answers on its socket (the Docker
+        Engine API; no Python package needed). Nothing is pulled. With O(bench), the same bench inside containers
+        from the same image, alternated with the guest's, and their ratio.
     type: bool
     default: true
   image:
