@@ -43,12 +43,14 @@ def guest(host_root, tmp_path):
     return copy
 
 
-def test_the_h100_guest_passes_with_the_live_runs_statuses(bare_python, host_root) -> None:
+def test_the_h100_guest_capture_has_the_live_runs_statuses(bare_python, host_root) -> None:
     root = host_root(H100)
     before = tree_digest(root)
     result = run_module(bare_python, "gpu_verify", {"root": str(root)})
     assert not result["failed"], result.get("msg")
-    assert result["changed"] is False and result["passed"] is True and result["failed_checks"] == []
+    # Nothing fails; a capture cannot answer the health checks, so the verdict is "incomplete", not "passed".
+    assert result["changed"] is False and result["passed"] is False and result["failed_checks"] == []
+    assert result["summary"]["incomplete"] is True and result["summary"]["not_run"] == ["ecc", "row-remap", "xid"]
     live = json.loads((OUTPUTS / "h100-live.verify.json").read_text())
     # Every check the live H100 run made, apart from the bench (live only), with the same status.
     expected = {k: v for k, v in statuses(live["checks"]).items() if k.split("/")[0] not in BENCH}

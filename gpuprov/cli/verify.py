@@ -100,7 +100,12 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
             )
         console.print(table)
     s = report["summary"]
-    verdict = Text("PASSED", "bold green") if s["passed"] else Text("FAILED", "bold red")
+    if s["passed"]:
+        verdict = Text("PASSED", "bold green")
+    elif s.get("incomplete"):
+        verdict = Text(f"INCOMPLETE: could not judge {', '.join(s['not_run'])} (skipped above)", "bold yellow")
+    else:
+        verdict = Text("FAILED", "bold red")
     console.print(Text.assemble(f"{s['ok']} ok, {s['warn']} warn, {s['fail']} fail, {s['skip']} skip: ", verdict))
 
 
@@ -151,7 +156,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "each GPU's PCIe link, a vGPU's memory against its profile, Docker/containerd/CDI configuration and "
         "(with a Docker engine) a container that asks for every GPU, CDI first (with --bench: the same bench "
         "inside it). Each check says ok/warn/fail/skip and the fix. "
-        "Exit 0 when nothing fails, 1 when a check fails, 2 on bad input.",
+        "Exit 0 when nothing fails, 1 when a check fails or one that judges the GPUs could not run (a capture: "
+        "INCOMPLETE), 2 on bad input.",
     )
     p.add_argument(
         "--root",

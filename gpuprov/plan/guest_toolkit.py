@@ -252,11 +252,15 @@ def plan_guest_toolkit(facts: GuestToolkitFacts, opts: GuestToolkitOptions) -> G
         return plan
     apt = family == "debian"
     plan.refusals += option_problems(opts, rpm=not apt)
+    arch = facts.architecture or "amd64"
+    if not _ARCH.fullmatch(arch):
+        plan.refusals.append(
+            Refusal(f"architecture {arch!r} is not a package architecture", "give amd64, arm64 ... or leave it empty")
+        )
     if plan.refused:
         return plan
     offline = opts.offline_names is not None
     ext = "deb" if apt else "rpm"
-    arch = facts.architecture or "amd64"
     dockerd = facts.engines.get("docker")
     wants_docker = "docker" in opts.parts and opts.install_docker and (dockerd is None or dockerd.binary is None)
     wanted = toolkit_packages(opts)
@@ -546,6 +550,9 @@ def _runtime(
     engines = _engines_to_configure(facts, opts, docker_coming)
     if "docker" in engines and facts.docker.error:
         plan.refusals.append(Refusal(facts.docker.error, "fix the JSON, then run again (nvidia-ctk edits it)"))
+    if "containerd" in engines and facts.containerd.error:
+        # nvidia-ctk would edit a configuration gpuprov could not read in full: not over unknown state.
+        plan.refusals.append(Refusal(facts.containerd.error, "check containerd's configuration, then run again"))
     wanted = {"docker": docker, "containerd": containerd}
     plan.configure = [rt for rt in engines if wanted[rt].status in OWED]
     if opts.cdi and cdi.status in OWED:

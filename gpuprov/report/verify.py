@@ -110,7 +110,22 @@ def build_report(facts: VerifyFacts, checks: list[Check]) -> dict[str, Any]:
         },
         "multigpu": multigpu_probe(facts),
         "checks": [asdict(c) for c in checks],
-        "summary": {**counts, "passed": counts["fail"] == 0},
+        "summary": summary(counts, checks),
+    }
+
+
+# The checks that judge the GPUs themselves: with one of them skipped (a capture without NVML's
+# answers, no kernel log readable) the verdict is "incomplete", never "passed" (fail closed).
+JUDGES = ("driver", "gpus", "pcie-link", "xid", "ecc", "row-remap")
+
+
+def summary(counts: dict[str, int], checks: list[Check]) -> dict[str, Any]:
+    not_run = sorted({c.id for c in checks if c.id in JUDGES and c.status == "skip"})
+    return {
+        **counts,
+        "passed": counts["fail"] == 0 and not not_run,
+        "incomplete": counts["fail"] == 0 and bool(not_run),
+        "not_run": not_run,
     }
 
 

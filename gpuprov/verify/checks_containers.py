@@ -48,6 +48,11 @@ def check_containerd(facts: VerifyFacts) -> Check:
     c = facts.containerd
     if not c.installed:
         return Check("containerd-runtime", "skip", f"no containerd {_here(facts)}")
+    if c.error:
+        # A configuration gpuprov could not read in full (too large, too many drop-ins): unknown, not fine.
+        return Check(
+            "containerd-runtime", "warn", f"containerd's configuration was not read: {c.error}", "check those files"
+        )
     if not c.files:
         return Check("containerd-runtime", "skip", "containerd has no config file: it serves Docker only")
     if c.cri_disabled:
