@@ -40,18 +40,11 @@ def host_root(root: str) -> Iterator[str]:
         except rootfs.CaptureRefused as exc:
             raise UsageError(str(exc)) from None
         return
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise UsageError(
-            f"--root '{rootfs.printable(root)}' is neither a directory nor a capture: give the .tar.gz, .tgz or .tar "
-            "that `gpuprov capture` wrote, or the folder it was unpacked into"
-        )
-    if not os.path.isdir(root):
-        raise UsageError(f"--root '{rootfs.printable(root)}' does not exist: give a directory or a capture .tar.gz")
-    if not os.path.isdir(os.path.join(root, "sys")):
-        raise UsageError(
-            f"--root '{rootfs.printable(root)}' has no sys/ directory: point it at the top of an unpacked capture "
-            "(the folder holding sys/ and proc/), or at the .tar.gz itself"
-        )
+    from ..rules.validate import root_problem
+
+    problem = root_problem(root, "--root")  # the one check, the modules' `root` too
+    if problem:
+        raise UsageError(problem)
     yield root
 
 
