@@ -48,7 +48,8 @@ def test_every_boolean_role_variable_is_read_through_bool() -> None:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split(" #", 1)[0]
             for name in booleans:
-                for m in re.finditer(rf"(?<![\w.]){name}(?!\w)", code):
+                # A quoted name ('name') is a string, not a use of the variable.
+                for m in re.finditer(rf"(?<![\w.'\"]){name}(?![\w'\"])", code):
                     rest = code[m.end() :]
                     # "is none": unset (null: the declaration's), not a truth value.
                     if not re.match(r"\s*(\|\s*bool\b|:|is\s+(not\s+)?none\b)", rest):
