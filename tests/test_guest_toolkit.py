@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuprov.facts.containers import GENERATE_CDI
+from gpuprov.facts.containers import GENERATE_CDI, parse_cdi
 from gpuprov.facts.guest_toolkit import (
     APT_SOURCE,
     OFFLINE_SOURCE,
@@ -31,6 +31,7 @@ from gpuprov.plan.guest_toolkit import (
     Key,
     apt_source_text,
     deb_architecture,
+    filter_cdi_spec,
     plan_guest_toolkit,
 )
 from gpuprov.plan.keyring import dearmor, fingerprints
@@ -247,6 +248,65 @@ def test_a_gpu_missing_from_the_spec_regenerates_it(tmp_path: Path, key: KeyData
     )
     _facts, plan = plan_for(tmp_path, opts_for(key), gpu_list=gpus)
     assert commands(plan) == [GENERATE_CDI] and "no device for GPU 1" in (plan.cdi or "")
+
+
+HOST_GPUS = ("0000:41:00.0", "0000:81:00.0")  # the first kept for the host's containers, the second for vGPU
+
+
+def host_gpu_list() -> Any:
+    from gpuprov.facts.gpus import GpuInfo, GpuList
+
+    return GpuList("nvml", DRIVER, "13.0", [GpuInfo(i, "H100", f"GPU-{i}", a, 81559) for i, a in enumerate(HOST_GPUS)])
+
+
+def test_a_host_keeps_only_its_own_gpus_in_the_cdi_spec(tmp_path: Path, key: KeyData) -> None:
+    """Issue 25: on a GPU host the spec holds only the GPUs declared use: host, never a vGPU or passthrough one."""
+    converged(tmp_path, key)  # its spec names GPU 0 and "all"
+    opts = opts_for(key, cdi_gpus=["41:00.0"])
+    _facts, plan = plan_for(tmp_path, opts, gpu_list=host_gpu_list())
+    assert commands(plan) == [] and plan.cdi is None  # GPU 0 is the host's and is in the spec; GPU 1 is not
+    # A spec that holds the vGPU host's GPU too is regenerated: every GPU to a staging file, then only the host's.
+    (tmp_path / "etc/cdi/nvidia.yaml").write_text(cdi_spec(["0", "1", "all"]))
+    _facts, plan = plan_for(tmp_path, opts, gpu_list=host_gpu_list())
+    assert "holds GPU 1 (0000:81:00.0), which this host does not keep" in (plan.cdi or "")
+    assert commands(plan) == ["nvidia-ctk cdi generate --format=json --output=/var/lib/gpuprov/cdi/nvidia-all.json"]
+    assert plan.cdi_keep == ["0", "GPU-0"] and plan.cdi_drop == ["1", "GPU-1"]
+    # A guest (cdi_gpus unset) wants every GPU the driver shows.
+    _facts, plan = plan_for(tmp_path, opts_for(key), gpu_list=host_gpu_list())
+    assert plan.cdi is None
+    # An address that is not one is refused at the boundary.
+    _facts, plan = plan_for(tmp_path, opts_for(key, cdi_gpus=["0000:41:00.0\n"]), gpu_list=host_gpu_list())
+    assert plan.refused and "cdi_gpus: '0000:41:00.0\\n' is not a PCI address" in plan.refusal_text()
+
+
+def test_the_host_spec_keeps_the_host_gpus_and_all_stands_for_them_only() -> None:
+    def node(n: int) -> dict[str, Any]:
+        return {"path": f"/dev/nvidia{n}", "major": 195, "minor": n}
+
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [
+            {"name": "0", "containerEdits": {"deviceNodes": [node(0)]}},
+            {"name": "1", "containerEdits": {"deviceNodes": [node(1)]}},
+            {"name": "0:1", "containerEdits": {"deviceNodes": [node(0)]}},  # a MIG device of GPU 0
+            {"name": "GPU-0", "containerEdits": {"deviceNodes": [node(0)]}},
+            {"name": "GPU-1", "containerEdits": {"deviceNodes": [node(1)]}},
+            {"name": "all", "containerEdits": {"deviceNodes": [node(0), node(1)]}},
+        ],
+        "containerEdits": {"deviceNodes": [{"path": "/dev/nvidiactl"}]},
+    }
+    out = json.loads(filter_cdi_spec(json.dumps(spec), ["0", "GPU-0"], ["1", "GPU-1"]))
+    assert [d["name"] for d in out["devices"]] == ["0", "0:1", "GPU-0", "all"]
+    assert out["devices"][-1]["containerEdits"]["deviceNodes"] == [node(0)]
+    assert out["containerEdits"] == spec["containerEdits"] and out["kind"] == "nvidia.com/gpu"
+    # What gpuprov verify reads of it: the host's GPU, by index and UUID.
+    parsed = parse_cdi(json.dumps(out), "/etc/cdi/nvidia.yaml")
+    assert parsed.error is None and sorted(parsed.devices) == ["0", "0:1", "GPU-0", "all"]
+    with pytest.raises(ValueError):
+        filter_cdi_spec("[" * 100_000, ["0"], [])
+    with pytest.raises(ValueError):
+        filter_cdi_spec('{"devices": 5}', ["0"], [])
 
 
 def test_cdi_owed_without_the_driver_is_refused_and_nothing_else_runs(tmp_path: Path, key: KeyData) -> None:

@@ -24,8 +24,10 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from ..facts.boundedjson import loads_bounded
 from ..facts.containers import DAEMON_JSON, DOCKER_PIDFILE, Toolkit
 from ..facts.debindex import DEB_FILE, DEB_NAME, index_set, missing_dependencies
+from ..facts.gpus import GpuInfo, GpuList
 from ..facts.guest_toolkit import (
     APT_SOURCE,
     CDI_REFRESH_UNIT,
@@ -35,6 +37,7 @@ from ..facts.guest_toolkit import (
     GuestToolkitFacts,
 )
 from ..facts.packages import PACKAGE_NAME
+from ..facts.pci import PciAddressError, normalize_address
 from ..verify.checks_containers import check_cdi, check_containerd, check_docker
 from ..verify.gather import VerifyFacts
 from .base import COMMAND, WRITE_FILE, Action, Plan, Refusal, file_action
@@ -48,6 +51,7 @@ PARTS = ("repository", "docker", "toolkit", "runtime")
 CDI_PACKAGES = ["nvidia-container-toolkit-base"]
 LEGACY_PACKAGES = ["nvidia-container-toolkit"]
 DOCKERD_LOG = "/var/log/gpuprov-dockerd.log"
+CDI_STAGING = "var/lib/gpuprov/cdi/nvidia-all.json"  # root-relative: every GPU, before the host's are kept
 # Docker's own netfilter rules and bridge need iptables; a guest without it runs the engine without
 # them (containers then use --network=host or none, as gpuprov verify's do).
 NO_NETFILTER = {"iptables": False, "ip6tables": False, "bridge": "none"}
@@ -100,6 +104,9 @@ class GuestToolkitOptions:
     restart: bool = True
     cdi: bool = True
     cdi_output: str = "/etc/cdi/nvidia.yaml"
+    # The GPUs (full PCI addresses) the CDI spec may hold: on a GPU host, those declared use: host, never
+    # one declared for passthrough or vGPU. None: every GPU the driver shows (a guest).
+    cdi_gpus: list[str] | None = None
 
 
 @dataclass
@@ -113,6 +120,10 @@ class GuestToolkitPlan(Plan):
     checks: list[dict[str, str]] = field(default_factory=list)  # gpuprov verify's checks (id, status, message)
     start: list[str] = field(default_factory=list)  # engines started
     wait_for: list[str] = field(default_factory=list)  # engines to wait for after the actions (started or restarted)
+    # With cdi_gpus: nvidia-ctk writes every GPU to CDI_STAGING, then the module writes cdi_output with only
+    # these device names (filter_cdi_spec); the names of the GPUs it must leave out.
+    cdi_keep: list[str] | None = None
+    cdi_drop: list[str] = field(default_factory=list)
 
 
 def toolkit_packages(opts: GuestToolkitOptions) -> list[str]:
@@ -142,6 +153,13 @@ def option_problems(opts: GuestToolkitOptions, *, rpm: bool) -> list[Refusal]:
     for key, rel in (*checks, ("cdi_output", opts.cdi_output.lstrip("/"))):
         if not _PATH.fullmatch("/" + rel) or "/../" in f"/{rel}/":
             out.append(Refusal(f"{key} {rel!r} is not a plain absolute path", "letters, digits, . _ + @ - and / only"))
+    for address in opts.cdi_gpus or []:
+        try:
+            if address != address.strip():  # normalize_address forgives spaces; a boundary does not
+                raise PciAddressError(f"{address!r} is not a PCI address: it has spaces or line breaks around it")
+            normalize_address(address)
+        except PciAddressError as exc:
+            out.append(Refusal(f"cdi_gpus: {exc}", "name the host's GPUs by full PCI address"))
     bad = [n for n in opts.offline_names or [] if not DEB_FILE.fullmatch(n) and not n.endswith(".rpm")]
     if bad:
         out.append(
@@ -214,8 +232,11 @@ def _command(argv: list[str], why: str) -> Action:
     return Action(COMMAND, why, argv=argv)
 
 
-def _verify_facts(facts: GuestToolkitFacts, *, docker_coming: bool, ctk_coming: bool) -> VerifyFacts:
-    """gpuprov verify's facts from these, with what this plan installs first taken as there."""
+def _verify_facts(
+    facts: GuestToolkitFacts, *, docker_coming: bool, ctk_coming: bool, gpu_list: GpuList | None = None
+) -> VerifyFacts:
+    """gpuprov verify's facts from these, with what this plan installs first taken as there (and, on a host
+    that keeps only some GPUs for containers, only those)."""
     docker = facts.docker
     if docker_coming and not docker.installed:
         docker = type(docker)(True, None, None, None, None, False)
@@ -230,7 +251,7 @@ def _verify_facts(facts: GuestToolkitFacts, *, docker_coming: bool, ctk_coming: 
         hypervisor=True,
         driver=facts.driver,
         pci_gpus=facts.pci_gpus,
-        gpu_list=facts.gpu_list,
+        gpu_list=gpu_list if gpu_list is not None else facts.gpu_list,
         gpu_error=None,
         docker=docker,
         containerd=facts.containerd,
@@ -543,9 +564,24 @@ def _runtime(
     docker_coming: bool,
     ctk_coming: bool,
 ) -> None:
-    checks = _verify_facts(facts, docker_coming=docker_coming, ctk_coming=ctk_coming)
+    kept, dropped = _host_gpus(facts, opts)
+    kept_list = None
+    if facts.gpu_list is not None and opts.cdi_gpus is not None:
+        kept_list = GpuList(facts.gpu_list.source, facts.gpu_list.driver_version, facts.gpu_list.cuda_version, kept)
+    checks = _verify_facts(facts, docker_coming=docker_coming, ctk_coming=ctk_coming, gpu_list=kept_list)
     docker, containerd = check_docker(checks), check_containerd(checks)
     cdi = check_cdi(checks)
+    if dropped:
+        named = {n for spec in facts.cdi if spec.kind == "nvidia.com/gpu" for n in spec.devices}
+        held = [g for g in dropped if _names(g) & named]
+        if held:
+            which = ", ".join(f"GPU {g.index} ({g.address})" for g in held)
+            cdi = type(cdi)(
+                "cdi-spec",
+                "fail",
+                f"the CDI spec holds {which}, which this host does not keep for its containers",
+                "regenerate it with only the host's GPUs (guest_container_toolkit_cdi_gpus)",
+            )
     plan.checks = [{"id": c.id, "status": c.status, "message": c.message} for c in (docker, containerd, cdi)]
     engines = _engines_to_configure(facts, opts, docker_coming)
     if "docker" in engines and facts.docker.error:
@@ -616,7 +652,17 @@ def _runtime(
         plan.actions.append(
             _command(["nvidia-ctk", "runtime", "configure", f"--runtime={rt}"], f"{wanted[rt].message}")
         )
-    if plan.cdi:
+    if plan.cdi and opts.cdi_gpus is not None:
+        # Every GPU to a staging file, then only the host's into the spec (the module, filter_cdi_spec).
+        plan.cdi_keep = sorted(n for g in kept for n in _names(g))
+        plan.cdi_drop = sorted(n for g in dropped for n in _names(g))
+        plan.actions.append(
+            _command(
+                ["nvidia-ctk", "cdi", "generate", "--format=json", f"--output=/{CDI_STAGING}"],
+                f"{plan.cdi}; every GPU first, then only those this host keeps ({', '.join(opts.cdi_gpus) or 'none'})",
+            )
+        )
+    elif plan.cdi:
         plan.actions.append(_command(["nvidia-ctk", "cdi", "generate", f"--output={opts.cdi_output}"], plan.cdi))
     _refresh_units(plan, facts)
     changed_config = any(a.path == DAEMON_JSON for a in plan.actions)
@@ -684,3 +730,49 @@ def _refresh_units(plan: GuestToolkitPlan, facts: GuestToolkitFacts) -> None:
             "no systemd on this guest: nothing regenerates the CDI spec when the driver changes; gpuprov verify "
             "flags a stale spec (run this role again after a driver change)"
         )
+
+
+def _names(gpu: GpuInfo) -> set[str]:
+    """A GPU's device names in nvidia-ctk's spec: its index and its UUID."""
+    return {str(gpu.index), *([gpu.uuid] if gpu.uuid else [])}
+
+
+def _host_gpus(facts: GuestToolkitFacts, opts: GuestToolkitOptions) -> tuple[list[GpuInfo], list[GpuInfo]]:
+    """The GPUs the driver shows, split into those the spec may hold and those it must not."""
+    gpus = facts.gpu_list.gpus if facts.gpu_list else []
+    if opts.cdi_gpus is None:
+        return gpus, []
+    wanted = {normalize_address(a) for a in opts.cdi_gpus}
+    kept = [g for g in gpus if g.address in wanted]
+    return kept, [g for g in gpus if g not in kept]
+
+
+def filter_cdi_spec(text: str, keep: list[str], drop: list[str]) -> str:
+    """nvidia-ctk's JSON spec with only the devices named in ``keep`` (an index, a UUID, or a MIG device
+    "index:n" of a kept index); "all" keeps its device nodes but those of the dropped GPUs. Raises ValueError
+    on a spec that is not nvidia-ctk's JSON."""
+    spec = loads_bounded(text, max_chars=16 << 20)
+    if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):
+        raise ValueError("not a CDI spec (no devices list)")
+
+    def nodes(device: dict) -> list:
+        edits = device.get("containerEdits")
+        found = edits.get("deviceNodes") if isinstance(edits, dict) else None
+        return found if isinstance(found, list) else []
+
+    keep_set, drop_set = set(keep), set(drop)
+    devices = [d for d in spec["devices"] if isinstance(d, dict) and isinstance(d.get("name"), str)]
+    dropped_paths = {n.get("path") for d in devices if d["name"] in drop_set for n in nodes(d) if isinstance(n, dict)}
+    kept_paths = {n.get("path") for d in devices if d["name"] in keep_set for n in nodes(d) if isinstance(n, dict)}
+    out = []
+    for device in devices:
+        name = device["name"]
+        if name == "all":
+            edits = dict(device.get("containerEdits") or {})
+            edits["deviceNodes"] = [
+                n for n in nodes(device) if not isinstance(n, dict) or n.get("path") not in dropped_paths - kept_paths
+            ]
+            out.append({**device, "containerEdits": edits})
+        elif name in keep_set or name.split(":", 1)[0] in keep_set:
+            out.append(device)
+    return json.dumps({**spec, "devices": out}, indent=2) + "\n"

@@ -140,6 +140,14 @@ options:
     description: The CDI spec's path.
     type: path
     default: /etc/cdi/nvidia.yaml
+  cdi_gpus:
+    description:
+      - On a GPU host, the GPUs (full PCI addresses) its containers may have - those declared C(use=host). The CDI
+        spec then holds only them, never a GPU declared for passthrough or vGPU - C(nvidia-ctk cdi generate) writes
+        every GPU the driver shows to C(/var/lib/gpuprov/cdi/nvidia-all.json), and the module writes O(cdi_output)
+        with only these (and C(all) standing for them). Unset - every GPU the driver shows (a guest).
+    type: list
+    elements: str
   architecture:
     description: The package architecture (C(amd64), C(arm64)); empty for the machine's.
     type: str
@@ -271,14 +279,16 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.guest_to
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.packages import read_services
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import failed_result, warn_or_refuse
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import ApplyError, Plan, apply
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import ApplyError, Plan, apply, file_action
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest_toolkit import (
+    CDI_STAGING,
     DOCKERD_LOG,
     PARTS,
     GuestToolkitOptions,
     GuestToolkitPlan,
     Key,
     deb_architecture,
+    filter_cdi_spec,
     plan_guest_toolkit,
     toolkit_packages,
 )
@@ -361,6 +371,25 @@ def _unit_on(state: tuple[str, str]) -> bool:
     return active in ("active", "activating") and enabled == "enabled"
 
 
+def _write_host_spec(
+    module: AnsibleModule, sysfs: Sysfs, plan: GuestToolkitPlan, output: str, result: dict[str, Any], done: list[str]
+) -> None:
+    """nvidia-ctk wrote every GPU to the staging file: the spec gets only those this host keeps."""
+    text = sysfs.read(CDI_STAGING)
+    try:
+        spec = filter_cdi_spec(text or "", plan.cdi_keep or [], plan.cdi_drop)
+    except ValueError as exc:
+        module.fail_json(
+            msg=f"/{CDI_STAGING} (nvidia-ctk's spec) could not be read: {exc}", done=done, **failed_result(result)
+        )
+    rel = _rel(output)
+    action = file_action(
+        rel, spec, sysfs.read_text(rel), f"the CDI spec with only this host's GPUs ({len(plan.cdi_keep or [])} names)"
+    )
+    if action is not None:
+        _apply(module, Plan(actions=[action]), sysfs.root, result, done, [])
+
+
 def _wait_for_docker(root: str, seconds: float = 60) -> str | None:
     """After a start or restart: the engine answers on its socket, or why not (its log)."""
     deadline = time.monotonic() + seconds
@@ -413,6 +442,7 @@ def main() -> None:
             "restart": {"type": "bool", "default": True},
             "cdi": {"type": "bool", "default": True},
             "cdi_output": {"type": "path", "default": "/etc/cdi/nvidia.yaml"},
+            "cdi_gpus": {"type": "list", "elements": "str"},
             "architecture": {"type": "str", "default": ""},
             "root": {"type": "path", "default": "/"},
         },
@@ -451,6 +481,7 @@ def main() -> None:
         restart=p["restart"],
         cdi=p["cdi"],
         cdi_output=p["cdi_output"],
+        cdi_gpus=p["cdi_gpus"],
     )
     architecture = p["architecture"] or deb_architecture(os.uname().machine)
 
@@ -512,7 +543,11 @@ def main() -> None:
                 **failed_result(result),
             )
         warn_or_refuse(module, plan, result)
+    if sysfs.live and plan.cdi_keep is not None and not module.check_mode:
+        os.makedirs(os.path.dirname(sysfs.write_path(CDI_STAGING)), mode=0o755, exist_ok=True)
     _apply(module, plan, root, result, done, not_run)
+    if sysfs.live and plan.cdi_keep is not None:
+        _write_host_spec(module, sysfs, plan, p["cdi_output"], result, done)
     if sysfs.live and plan.wait_for:
         problem = _wait_for_docker(root)
         if problem:

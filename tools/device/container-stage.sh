@@ -82,6 +82,17 @@ PY
   echo "containers left: $(docker ps -aq | wc -l)"
   play toolkit-again --tags containers
   echo "etc after toolkit-again: $(snapshot)"
+  # A GPU host keeps some GPUs for its own containers (issue 25): the spec then holds only those.
+  first=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -1 | sed 's/^0000//' | tr 'A-F' 'a-f')
+  if [[ $(nvidia-smi -L | wc -l) -gt 1 ]]; then
+    play host-keeps --tags containers -e "{\"guest_container_toolkit_cdi_gpus\": [\"$first\"]}"
+    play host-keeps-again --tags containers -e "{\"guest_container_toolkit_cdi_gpus\": [\"$first\"]}"
+    echo "host keeps $first: spec devices: $(python3 -c 'import json; print([d["name"] for d in json.load(open("/etc/cdi/nvidia.yaml"))["devices"]])')"
+    echo "host keeps $first: a container sees:"
+    docker run --rm --runtime=nvidia --network=none -e NVIDIA_VISIBLE_DEVICES=all \
+      -e PATH=/usr/local/nvidia/bin:/usr/bin:/bin gpuprov-bench:local nvidia-smi -L
+    play every-gpu-again --tags containers -e '{"guest_container_toolkit_cdi_gpus": null}'
+  fi
 } 2>&1 | tee "$OUT/summary.txt"
 
 # The no-op stage against a facts-only play, alternated (issue 14's method): 3 rounds.
