@@ -81,3 +81,20 @@ def test_a_container_from_the_bare_guest_saw_every_gpu(machine: Path) -> None:
         assert min(r["h2d_gbps"], r["d2h_gbps"], r["matmul_tflops"]) >= 0.97, r
     ratio = float(re.search(r"ratio no-op / facts-only: ([0-9.]+)", (machine / "noop-ratio.txt").read_text())[1])
     assert ratio <= 2.0
+
+
+def test_a_host_that_keeps_one_gpu_gives_its_containers_that_one_only() -> None:
+    """Issue 25, item 6, on the 2x H100 guest: the role with guest_container_toolkit_cdi_gpus naming the first
+    GPU (as a host whose declaration keeps it, use: host): the spec then holds that GPU alone, a container
+    asking for all sees one, the rerun changes nothing, and unset again the spec holds both."""
+    machine = CONTAINER_RUNS / "h100x2"
+    summary = (machine / "summary.txt").read_text()
+    assert recap(machine, "host-keeps")["changed"] == 1 and recap(machine, "host-keeps")["failed"] == 0
+    assert recap(machine, "host-keeps-again") | {"ok": 0} == {"ok": 0, "changed": 0, "unreachable": 0, "failed": 0}
+    kept = re.search(r"^host keeps (\S+): spec devices: \['0', '(GPU-[0-9a-f-]+)', 'all'\]$", summary, re.M)
+    assert kept, summary
+    seen = summary.split("a container sees:\n", 1)[1].split("\n== ", 1)[0].strip().splitlines()
+    assert seen == [f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {kept[2]})"]
+    log = (machine / "host-keeps.log").read_text()
+    assert "nvidia-ctk cdi generate --format=json --output=/var/lib/gpuprov/cdi/nvidia-all.json" in log
+    assert "which this host does not keep for its containers" in log
