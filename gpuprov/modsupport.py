@@ -11,6 +11,16 @@ from typing import Any
 
 from .facts.sysfs import Sysfs
 from .plan.base import ApplyError, Plan, apply
+from .rules.validate import root_problem
+
+
+def refuse_bad_root(module: Any, *, host: bool = True) -> None:
+    """Fail the module, nothing read or changed, when its ``root`` is not there or not a directory (or,
+    with ``host``, holds no sys/): the CLI's --root check (:func:`gpuprov.rules.validate.root_problem`),
+    since a root that is not there reads as a host with nothing on it."""
+    problem = root_problem(module.params["root"], "root", captures=False, host=host)
+    if problem:
+        module.fail_json(msg=f"{problem}; nothing changed")
 
 
 def failed_result(result: dict[str, Any]) -> dict[str, Any]:

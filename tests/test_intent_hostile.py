@@ -257,6 +257,43 @@ def test_gpu_host_facts_refuses_a_root_that_is_no_host(tmp_path, kind) -> None:
     assert run_in_process("gpu_host_model", {"root": str(root), "host": {"gpus": []}})["failed"]
 
 
+# Every other module with a `root`, and what it needs there (sys/ for those that read devices).
+ROOT_MODULES = {
+    "apt_components": ({"codename": "bookworm", "components": ["contrib"]}, False),
+    "apt_keyring": ({"dest": "/etc/apt/keyrings/x.gpg", "data": "eA=="}, False),
+    "guest_driver": ({}, True),
+    "guest_toolkit": ({"parts": ["runtime"]}, True),
+    "kernel_cmdline": ({"arguments": ["iommu=pt"]}, False),
+    "gpu_vm": ({"vm": {"name": "vm1", "memory_mib": 1024, "vcpus": 1}}, True),
+    "gpu_vm_host": ({}, False),
+}
+
+
+@pytest.mark.parametrize("module", sorted(ROOT_MODULES))
+@pytest.mark.parametrize("kind", ["missing", "file", "tarball", "no-sys"])
+def test_every_module_refuses_a_root_that_is_not_there(tmp_path, module, kind) -> None:
+    """Issue 26, item 7: no module answers from a root that is not there (it would read as a host with
+    nothing on it); the refusal is the CLI's wording and nothing is written."""
+    from tests.modrun import run_in_process
+
+    args, needs_sys = ROOT_MODULES[module]
+    root = {"missing": tmp_path / "nonexistent", "file": tmp_path / "f.txt", "tarball": tmp_path / "h.tar.gz"}.get(
+        kind, tmp_path / "empty"
+    )
+    if kind in ("file", "tarball"):
+        root.write_bytes(b"x")
+    if kind == "no-sys":
+        root.mkdir()
+    before = tree_digest(tmp_path)
+    result = run_in_process(module, {**args, "root": str(root)}, check=True)
+    if kind == "no-sys" and not needs_sys:
+        assert "has no sys/ directory" not in str(result.get("msg"))  # a directory of files is all it reads
+    else:
+        assert result["failed"], result
+        assert result["msg"] == root_problem(str(root), "root", captures=False, host=needs_sys) + "; nothing changed"
+    assert tree_digest(tmp_path) == before
+
+
 @pytest.mark.parametrize("kind", ["missing", "file", "no-sys"])
 def test_the_module_check_and_the_cli_refuse_the_same_roots(tmp_path, capsys, kind) -> None:
     root = tmp_path / kind

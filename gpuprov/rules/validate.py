@@ -374,11 +374,12 @@ def rom_file_problem(root: str, path: str) -> str | None:
 CAPTURE_SUFFIXES = (".tar.gz", ".tgz", ".tar")  # what `gpuprov capture` writes (gpuprov.cli.rootfs)
 
 
-def root_problem(root: str, option: str = "--root", *, captures: bool = True) -> str | None:
+def root_problem(root: str, option: str = "--root", *, captures: bool = True, host: bool = True) -> str | None:
     """Why ``root`` cannot be read as a host, or None: the check of the CLI's ``--root`` and of
     every module's ``root`` (no answer without evidence: a root that is not there reads as a host
     with no devices, and "0 PCI devices" is not a host). ``captures``: a capture tarball is fine
-    (the CLI unpacks it; a module reads a directory only)."""
+    (the CLI unpacks it; a module reads a directory only). ``host``: it must hold sys/ (a module that
+    reads only files, such as an apt source, takes any directory)."""
     is_capture = root.endswith(CAPTURE_SUFFIXES) and not os.path.isdir(root)
     if is_capture and captures:
         return None
@@ -396,7 +397,7 @@ def root_problem(root: str, option: str = "--root", *, captures: bool = True) ->
     if not os.path.isdir(root):
         wanted = "a directory or a capture .tar.gz" if captures else "a directory (/, or an unpacked capture)"
         return f"{option} {name} does not exist: give {wanted}"
-    if not os.path.isdir(os.path.join(root, "sys")):
+    if host and not os.path.isdir(os.path.join(root, "sys")):
         return (
             f"{option} {name} has no sys/ directory: point it at the top of an unpacked capture "
             "(the folder holding sys/ and proc/)" + (", or at the .tar.gz itself" if captures else "")

@@ -85,7 +85,7 @@ not_run:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, refuse_bad_root
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.aptsources import plan_components
 
 
@@ -98,6 +98,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    refuse_bad_root(module, host=False)
     p = module.params
     plan, entries = plan_components(Sysfs(p["root"]), p["codename"], p["components"])
     found = [{"path": "/" + e.path, "suites": e.suites, "components": e.components, "added": e.added} for e in entries]

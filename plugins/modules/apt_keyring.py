@@ -106,7 +106,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.files import file_state
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, refuse_bad_root
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.keyring import (
     KeyDataError,
     fetch_failed,
@@ -129,6 +129,7 @@ def main() -> None:
         mutually_exclusive=[["url", "data"]],
         supports_check_mode=True,
     )
+    refuse_bad_root(module, host=False)
     p = module.params
     source = p["url"] or "data"
     if p["url"]:

@@ -419,7 +419,7 @@ refusals:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import cpu_count, gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import warn_or_refuse
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import refuse_bad_root, warn_or_refuse
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_vm import (
     finish_vm,
     open_libvirt,
@@ -464,6 +464,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    refuse_bad_root(module)
     p = module.params
     root = p["root"]
     facts = gather(Sysfs(root))

@@ -105,7 +105,7 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, refuse_bad_root
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vm_host import plan_vm_host, read_vm_host
 
 
@@ -117,6 +117,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    refuse_bad_root(module, host=False)  # it reads the package and service state, not sys/
     p = module.params
     system_python = sys.executable.startswith("/usr/bin/")
     facts = read_vm_host(Sysfs(p["root"]), p["packages"], system_python)

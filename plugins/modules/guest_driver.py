@@ -177,7 +177,7 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.driver i
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.driver_install import read_guest_driver
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.gpus import run_nvidia_smi
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, refuse_bad_root
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.aptsources import plan_components
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import read_text
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest_driver import (
@@ -207,6 +207,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    refuse_bad_root(module)
     p = module.params
     if not re.fullmatch(r"(\d{3,4})?", p["branch"]):
         module.fail_json(msg=f"branch is {p['branch']!r}: a driver branch such as 580, or empty; nothing changed")

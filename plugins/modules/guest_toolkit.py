@@ -278,7 +278,11 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.guest_to
 )
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.packages import read_services
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import failed_result, warn_or_refuse
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import (
+    failed_result,
+    refuse_bad_root,
+    warn_or_refuse,
+)
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import ApplyError, Plan, apply, file_action
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest_toolkit import (
     CDI_STAGING,
@@ -448,6 +452,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    refuse_bad_root(module)
     p = module.params
     root = p["root"]
     sysfs = Sysfs(root)

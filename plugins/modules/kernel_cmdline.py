@@ -132,7 +132,7 @@ refusals:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.boot import gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, refuse_bad_root
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.cmdline import (
     CmdlinePlan,
     build_request,
@@ -153,6 +153,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    refuse_bad_root(module, host=False)
     p = module.params
     request, refusals = build_request(p["arguments"], p["remove"], p["variable"])
     if refusals:
