@@ -9,6 +9,7 @@ plan/boot_trial.py decides what to change.
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -219,7 +220,7 @@ def _no_constant(name: str) -> object:
 
 def _finite(text: str) -> float:
     value = float(text)
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):
         raise ValueError(f"{text[:20]} is not a finite number")
     return value
 

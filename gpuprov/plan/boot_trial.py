@@ -880,7 +880,7 @@ def unconfirmed_count(state: dict) -> int:
     """The record's count of trial boots that came up unchecked (facts/bootloader.py checked its
     type); anything else counts as spent, so the trial is not tried again unasked."""
     value = state.get("unconfirmed", 0)
-    if type(value) is not int or not 0 <= value <= MAX_UNCONFIRMED:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_UNCONFIRMED:
         return MAX_UNCONFIRMED
     return value
 

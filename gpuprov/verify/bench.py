@@ -413,13 +413,15 @@ def main() -> None:
     """Run alone (``python3 bench.py``, as gpuprov verify does inside a container): every CUDA device's
     figures as one JSON line."""
     import json
+    import sys
     from dataclasses import asdict
 
     backend = load_backend()
     if backend is None:
-        print(json.dumps({"error": "neither torch with CUDA nor cupy imports here"}))
+        sys.stdout.write(json.dumps({"error": "neither torch with CUDA nor cupy imports here"}) + "\n")
         raise SystemExit(1)
-    print(json.dumps({"backend": backend[0], "results": [asdict(r) for r in run_bench(backend, [])]}))
+    results = [asdict(r) for r in run_bench(backend, [])]
+    sys.stdout.write(json.dumps({"backend": backend[0], "results": results}) + "\n")
 
 
 if __name__ == "__main__":
