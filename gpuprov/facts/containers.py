@@ -2,7 +2,7 @@
 specs (the GPU container itself: gpuprov.verify.container, through gpuprov.facts.docker_api).
 
 Configuration files are read through :class:`Sysfs`, so ``--root`` checks a
-capture or an image's root. The docker SDK is passed in as a module object.
+capture or an image's root.
 """
 
 from __future__ import annotations
