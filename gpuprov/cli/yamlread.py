@@ -18,11 +18,11 @@ CLI side only: PyYAML is not in the standard library.
 
 from __future__ import annotations
 
-import os
-import stat
 from typing import Any
 
 import yaml
+
+from ..facts.files import NotRegular, TooLarge, read_regular
 
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 32
@@ -79,22 +79,14 @@ class _BoundedLoader(yaml.SafeLoader):
 def read_yaml(path: str) -> Any:
     """The one YAML document in ``path``, as plain data; :class:`YamlInputError` when it cannot be taken."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_regular(path, MAX_BYTES)
+    except NotRegular:
+        raise YamlInputError(f"{path} is not a regular file: give a YAML file") from None
+    except TooLarge as exc:
+        size = f"{exc.size} bytes, " if exc.size is not None else ""
+        raise YamlInputError(f"{path} is {size}more than {MAX_BYTES} bytes: give the host's own file") from None
     except OSError as exc:
         raise YamlInputError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise YamlInputError(f"{path} is not a regular file: give a YAML file")
-        if info.st_size > MAX_BYTES:
-            raise YamlInputError(f"{path} is {info.st_size} bytes, more than {MAX_BYTES}: give the host's own file")
-        data = os.read(fd, MAX_BYTES + 1)
-    except OSError as exc:
-        raise YamlInputError(f"cannot read {path}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_BYTES:
-        raise YamlInputError(f"{path} is more than {MAX_BYTES} bytes: give the host's own file")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

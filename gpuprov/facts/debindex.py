@@ -15,10 +15,12 @@ import io
 import lzma
 import os
 import re
-import stat
 import tarfile
 import zlib
 from dataclasses import dataclass, field
+
+from .files import NotRegular, TooLarge
+from .files import read_regular as read_regular_file
 
 # Debian Policy 5.6.1 (names), 5.6.12 (versions); what may reach an apt command line or a file.
 DEB_NAME = re.compile(r"[a-z0-9][a-z0-9.+-]{1,127}")
@@ -296,28 +298,13 @@ def control_fields(data: bytes, path: str) -> str:
 
 
 def read_regular(path: str, limit: int = MAX_DEB) -> bytes:
-    """A regular file's bytes: never through a link, never a FIFO or device (opened non-blocking,
-    checked with fstat), at most ``limit`` bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    """A package file's bytes: never through a link, never a FIFO or device, at most ``limit`` bytes."""
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise DebError(f"{path} is not a regular file")
-        if st.st_size > limit:
-            raise DebError(f"{path} is over {limit} bytes")
-        chunks, left = [], limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise DebError(f"{path} is over {limit} bytes")
-    return data
+        return read_regular_file(path, limit, follow_links=False)
+    except NotRegular:
+        raise DebError(f"{path} is not a regular file") from None
+    except TooLarge:
+        raise DebError(f"{path} is over {limit} bytes") from None
 
 
 def offline_index(directory: str, control: object = None) -> tuple[str, list[str]]:

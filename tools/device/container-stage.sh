@@ -96,30 +96,7 @@ PY
 } 2>&1 | tee "$OUT/summary.txt"
 
 # The no-op stage against a facts-only play, alternated (issue 14's method): 3 rounds.
-printf -- '- name: Facts only\n  hosts: gpu_guests\n  become: true\n  gather_facts: true\n  tasks: []\n' >"$OUT/facts.yml"
-timed() {
-  local log=$1
-  shift
-  local t0 t1
-  t0=$(date +%s.%N)
-  python3 -m ansible.cli.playbook -i "$OUT/inventory.yml" "$@" >"$OUT/$log.log" 2>&1 || echo "== $log failed" >&2
-  t1=$(date +%s.%N)
-  python3 -c "print(f'{$t1 - $t0:.2f}')"
-}
-facts=() noop=()
-for round in 1 2 3; do
-  facts+=("$(timed "facts-$round" "$OUT/facts.yml")")
-  noop+=("$(timed "noop-$round" playbooks/guests.yml --tags containers)")
-  echo "round $round: facts-only ${facts[-1]} s, no-op ${noop[-1]} s ($(grep -E '^localhost +:' "$OUT/noop-$round.log" | tail -1))" |
-    tee -a "$OUT/summary.txt"
-done
-python3 - "${facts[*]}" "${noop[*]}" <<'PY' | tee "$OUT/noop-ratio.txt"
-import statistics, sys
-facts, noop = ([float(x) for x in arg.split()] for arg in sys.argv[1:3])
-f, n = statistics.median(facts), statistics.median(noop)
-print(f"facts-only play: {facts} s, median {f:.2f} s")
-print(f"no-op container stage (--tags containers): {noop} s, median {n:.2f} s")
-print(f"ratio no-op / facts-only: {n / f:.2f} (goal: at most 2)")
-PY
+source tools/device/noop-ratio.sh
+noop_ratio 3 "container stage (--tags containers)" playbooks/guests.yml --tags containers
 # What comes back from a device call: at most 8 files; the logs go as one tarball.
 tar -C "$OUT" -czf "$OUT/../container-stage-logs.tgz" . && mv "$OUT/../container-stage-logs.tgz" "$OUT/"

@@ -39,28 +39,7 @@ grep -hE "FAILED|fatal|msg" "$OUT"/toolkit.log | head -20
 
 # Issue 14: the guest stage with nothing to do against a facts-only play on the same guest, in the
 # same run, interleaved (rounds of facts-only then no-op): each time, the medians and the ratio.
-# The no-op stage is what converges here: the driver and verify (the toolkit cannot install
-# without a registry, see above).
-printf -- '- name: Facts only\n  hosts: gpu_guests\n  become: true\n  gather_facts: true\n  tasks: []\n' > "$OUT/facts.yml"
-timed() {
-  local log=$1; shift
-  local t0 t1
-  t0=$(date +%s.%N)
-  python3 -m ansible.cli.playbook -i "$OUT/inventory.yml" "$@" > "$OUT/$log.log" 2>&1 || echo "== $log failed: $(tail -3 "$OUT/$log.log")"
-  t1=$(date +%s.%N)
-  python3 -c "print(f'{$t1 - $t0:.2f}')"
-}
-facts=() noop=()
-for round in 1 2 3 4 5; do
-  facts+=("$(timed "facts-$round" "$OUT/facts.yml")")
-  noop+=("$(timed "noop-$round" playbooks/guests.yml --tags guest_driver,verify)")
-  echo "round $round: facts-only ${facts[-1]} s, no-op guest stage ${noop[-1]} s ($(grep -E '^localhost +:' "$OUT/noop-$round.log" | tail -1))"
-done
-python3 - "${facts[*]}" "${noop[*]}" <<'PY' | tee "$OUT/noop-ratio.txt"
-import statistics, sys
-facts, noop = ([float(x) for x in arg.split()] for arg in sys.argv[1:3])
-f, n = statistics.median(facts), statistics.median(noop)
-print(f"facts-only play: {facts} s, median {f:.2f} s")
-print(f"no-op guest stage (guest_driver, verify): {noop} s, median {n:.2f} s")
-print(f"ratio no-op / facts-only: {n / f:.2f} (issue 14's goal: at most 2)")
-PY
+# The no-op stage is what converges here: the driver and verify (the toolkit from an offline
+# directory, and its no-op figure: tools/device/container-stage.sh).
+source tools/device/noop-ratio.sh
+noop_ratio 5 "guest stage (guest_driver, verify)" playbooks/guests.yml --tags guest_driver,verify
