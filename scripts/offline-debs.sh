@@ -4,14 +4,16 @@
 # with no network. Prints the directory.
 #
 #   scripts/offline-debs.sh [--image IMAGE | --status FILE] [--os-release FILE]
-#                           [--suite S] [--mirror URL] [--components "C..."] [--keyring FILE] PACKAGE...
+#                           [--capture FILE] [--suite S] [--mirror URL] [--components "C..."] [--keyring FILE]
+#                           PACKAGE...
 #
 # What the guest lacks, nothing more: apt resolves against the guest's own dpkg status, exactly as
 # `apt-get install PACKAGE...` on that guest would:
 #   --image IMAGE: the status of a local Docker image (read with `docker run`);
+#   --capture FILE: the guest's `gpuprov capture` tarball (its dpkg status, fields that name no one,
+#     and its os-release: a Debian guest's release picks the suite, VERSION_CODENAME);
 #   --status FILE: a guest's /var/lib/dpkg/status, copied from it (`scp guest:/var/lib/dpkg/status .`),
-#     or its capture; with --os-release FILE (the guest's /etc/os-release) a Debian guest's
-#     release picks the suite (VERSION_CODENAME).
+#     with --os-release FILE (the guest's /etc/os-release) as --capture reads them.
 # Without either, the whole closure down to libc6 is downloaded.
 #
 # The packages come from $GPUPROV_DEBIAN_MIRROR (--mirror; default http://deb.debian.org/debian),
@@ -42,13 +44,14 @@ die() {
   exit 1
 }
 
-image="" status_file="" os_release="" suite=""
+image="" status_file="" os_release="" suite="" capture="" from_capture=""
 while [[ $# -gt 0 && $1 == --* ]]; do
   [[ $# -ge 2 ]] || die "$1 needs a value"
   case $1 in
     --image) image=$2 ;;
     --status) status_file=$2 ;;
     --os-release) os_release=$2 ;;
+    --capture) capture=$2 ;;
     --suite) suite=$2 ;;
     --mirror) MIRROR=$2 ;;
     --components) COMPONENTS=$2 ;;
@@ -58,6 +61,17 @@ while [[ $# -gt 0 && $1 == --* ]]; do
   shift 2
 done
 [[ -z $image || -z $status_file ]] || die "--image and --status are two ways to say the same: give one"
+if [[ -n $capture ]]; then
+  [[ -z $image && -z $status_file && -z $os_release ]] || die "--capture gives the status and os-release: give it alone"
+  [[ -f $capture ]] || die "--capture $capture is not a file (the .tar.gz that gpuprov capture wrote)"
+  from_capture=$(mktemp -d)
+  # Only these two members, to standard output (nothing of the tarball is written where it says), capped.
+  tar -xzOf "$capture" var/lib/dpkg/status 2>/dev/null | head -c 67108864 >"$from_capture/status" ||
+    die "$capture holds no var/lib/dpkg/status (captured by gpuprov before 2026-11-25, or not a Debian family host)"
+  [[ -s $from_capture/status ]] || die "$capture holds no var/lib/dpkg/status"
+  tar -xzOf "$capture" etc/os-release 2>/dev/null | head -c 65536 >"$from_capture/os-release" || true
+  status_file=$from_capture/status os_release=$from_capture/os-release
+fi
 if [[ -z $suite && -n $os_release ]]; then
   [[ -f $os_release ]] || die "no such file: $os_release"
   # Read as data (never sourced): ID and VERSION_CODENAME of a Debian guest name its suite.
@@ -78,7 +92,7 @@ packages=("$@")
 
 mkdir -p "$cache"
 tmp=$(mktemp -d "$cache/.tmp.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp" ${from_capture:+"$from_capture"}' EXIT
 
 status=$tmp/status
 if [[ -n $image ]]; then

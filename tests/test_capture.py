@@ -105,6 +105,28 @@ def test_links_are_relative_and_serials_absent(fake, tmp_path) -> None:
     assert cfg[0x104:0x10C] == bytes(8) and cfg[0x100] == 3
 
 
+def test_the_installed_packages_are_captured_without_what_names_anyone(fake, tmp_path) -> None:
+    """Issue 25: scripts/offline-debs.sh --capture fills an offline directory for the captured host from
+    its dpkg status: names, versions and relations kept; descriptions, maintainers and conffiles left out."""
+    fake.write(
+        "var/lib/dpkg/status",
+        "Package: libc6\nStatus: install ok installed\nMaintainer: Alice <alice@example.org>\n"
+        "Architecture: amd64\nMulti-Arch: same\nVersion: 2.39-0ubuntu8\nDepends: libgcc-s1\n"
+        "Conffiles:\n /etc/ld.so.conf.d/x86_64-linux-gnu.conf 593ad12389ab2b6f952e7ede67b8fbbf\n"
+        "Description: GNU C Library: Shared libraries\n Contains the standard libraries.\n\n"
+        "Package: mawk\nStatus: install ok installed\nVersion: 1.3.4\nProvides: awk\n",
+    )
+    out = tmp_path / "c.tar.gz"
+    capture(str(out), str(fake.finish()))
+    with tarfile.open(out) as tar:
+        status = tar.extractfile("var/lib/dpkg/status").read().decode()
+    assert status == (
+        "Package: libc6\nStatus: install ok installed\nArchitecture: amd64\nMulti-Arch: same\n"
+        "Version: 2.39-0ubuntu8\nDepends: libgcc-s1\n\n"
+        "Package: mawk\nStatus: install ok installed\nVersion: 1.3.4\nProvides: awk\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "message"),
     [("out.zip", "should end in .tar.gz"), ("missing/dir/out.tar.gz", "does not exist")],

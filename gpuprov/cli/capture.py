@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from .. import __version__
 from ..facts.host import gather
+from ..facts.packages import DPKG_STATUS
 from ..facts.pci import PCI_ADDRESS_RE
 from ..facts.sysfs import Sysfs
 from ..facts.usage import _DEV_FILES
@@ -192,6 +193,9 @@ def capture(out: str, root: str = "/", *, run_commands: bool = True, _commands_o
         archive.add_path(f"sys/bus/pci/devices/{address}")
         if dev.driver:
             archive.add_path(f"sys/bus/pci/drivers/{dev.driver}")
+    # The installed packages (fields that name no one: gpuprov.cli.privacy.dpkg_status), so an offline
+    # directory can be filled for this very host (scripts/offline-debs.sh --capture).
+    archive.add_path(DPKG_STATUS)
     if run_commands and (sysfs.live or _commands_on_any_root):
         _command_outputs(archive)
     archive.members = scrub_members(archive.members, set(facts.usage.block))

@@ -165,11 +165,46 @@ def cpuinfo(text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-_OS_RELEASE_KEYS = ("PRETTY_NAME=", "NAME=", "ID=", "VERSION_ID=")
+_OS_RELEASE_KEYS = ("PRETTY_NAME=", "NAME=", "ID=", "ID_LIKE=", "VERSION_ID=", "VERSION_CODENAME=")
 
 
 def os_release(text: str) -> str:
     return "".join(f"{ln}\n" for ln in text.splitlines() if ln.startswith(_OS_RELEASE_KEYS))
+
+
+# What an offline directory for this host needs to know (scripts/offline-debs.sh --capture): which
+# packages are installed, their versions and what they provide. Descriptions, maintainers and the
+# hashes of configuration files are left out.
+_DPKG_FIELDS = (
+    "Package",
+    "Status",
+    "Architecture",
+    "Multi-Arch",
+    "Essential",
+    "Version",
+    "Provides",
+    "Depends",
+    "Pre-Depends",
+    "Breaks",
+    "Conflicts",
+    "Replaces",
+)
+
+
+def dpkg_status(text: str) -> str:
+    out, keep = [], False
+    for line in text.splitlines():
+        if not line.strip():
+            out.append("")
+            keep = False
+        elif line[0] in " \t":
+            if keep:
+                out.append(line)
+        else:
+            keep = line.split(":", 1)[0] in _DPKG_FIELDS
+            if keep:
+                out.append(line)
+    return "\n".join(out).strip("\n") + "\n"
 
 
 REMOVED_SOURCE = "/dev/gpuprov-removed"
@@ -512,6 +547,7 @@ _FILES: dict[str, Callable[[str], str]] = {
     "proc/cpuinfo": cpuinfo,
     "etc/os-release": os_release,
     "usr/lib/os-release": os_release,
+    "var/lib/dpkg/status": dpkg_status,
 }
 
 
