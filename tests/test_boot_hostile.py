@@ -30,9 +30,9 @@ from gpuprov.facts.bootloader import (
     TRIAL_UP,
     check_state,
     gather_boot_inputs,
-    json_too_deep,
     parse_state,
 )
+from gpuprov.facts.boundedjson import json_depth
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.plan.base import REMOVE_FILE
 from gpuprov.plan.boot_trial import (
@@ -169,11 +169,11 @@ def test_a_well_formed_record_with_hostile_text_is_shown_escaped(tmp_path: Path)
 
 
 def test_json_depth_scan() -> None:
-    assert not json_too_deep('{"a": [["[[[[{{{{"]]}', 3)  # brackets inside strings do not count
-    assert not json_too_deep('{"a": "\\"[[[[[["}', 1)  # nor after an escaped quote
-    assert json_too_deep("[[[[[", 4)
-    assert json_too_deep('{"a":' * 5, 4)
-    assert not json_too_deep('"unterminated [[[[[', 1)
+    assert json_depth('{"a": [["[[[[{{{{"]]}', 3) == 3  # brackets inside strings do not count
+    assert json_depth('{"a": "\\"[[[[[["}', 1) == 1  # nor after an escaped quote
+    assert json_depth("[[[[[", 4) > 4
+    assert json_depth('{"a":' * 5, 4) > 4
+    assert json_depth('"unterminated [[[[[', 1) == 0
 
 
 def test_check_state_keeps_only_known_fields() -> None:

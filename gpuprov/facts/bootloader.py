@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .boot import BootFacts, grubby_info
 from .boot import gather as gather_grub
+from .boundedjson import json_depth
 from .iommu import IommuState, read_iommu
 from .pci import PCI_ADDRESS_RE
 from .sysfs import Sysfs
@@ -194,26 +195,6 @@ def _read_entries(sysfs: Sysfs, folder: str) -> list[BlsEntry]:
     return entries
 
 
-def json_too_deep(text: str, limit: int) -> bool:
-    """True when ``text`` nests arrays or objects deeper than ``limit`` (strings skipped): one
-    linear pass, before ``json.loads``, whose recursion a deep document would exhaust."""
-    depth, i, n = 0, 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == '"':  # skip the string: to the next quote not escaped
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-        elif c in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif c in "]}":
-            depth -= 1
-        i += 1
-    return False
-
-
 def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not a number a trial record holds")
 
@@ -299,7 +280,7 @@ def parse_state(raw: bytes) -> tuple[dict | None, str | None]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None, "it is not UTF-8 text"
-    if json_too_deep(text, MAX_STATE_DEPTH):
+    if json_depth(text, MAX_STATE_DEPTH) > MAX_STATE_DEPTH:
         return None, f"it nests deeper than {MAX_STATE_DEPTH} levels"
     try:
         state = json.loads(text, parse_constant=_no_constant, parse_float=_finite, parse_int=_small_int)
