@@ -2,7 +2,7 @@
 # ansible-test sanity on the collection gpuprov.kvm, on Python 3.11 (Debian 12's).
 #   scripts/collection-sanity.sh [DIR] [ansible-test sanity options...]
 # DIR is an installed collection (.../ansible_collections/gpuprov/kvm); without it the
-# collection is built (tools/build_collection.py --tarball) and installed from its
+# collection is built (dev/tools/build_collection.py --tarball) and installed from its
 # tarball into an empty temporary collections path first, as a user would get it.
 #
 # ansible-test keeps one virtualenv per sanity test (pylint, yamllint,
@@ -24,7 +24,7 @@ if [[ $# -gt 0 && $1 != -* ]]; then
   shift
 else
   tmp=$(mktemp -d)
-  tarball=$("$python" tools/build_collection.py --tarball --quiet)
+  tarball=$("$python" dev/tools/build_collection.py --tarball --quiet)
   # From an empty directory: the checkout's ansible.cfg (collections_path) must not count.
   (cd "$tmp" && env -u ANSIBLE_CONFIG ANSIBLE_COLLECTIONS_PATH="$tmp/collections" \
     ansible-galaxy collection install "$tarball" -p "$tmp/collections" >/dev/null)

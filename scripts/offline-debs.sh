@@ -21,7 +21,7 @@
 # debian-archive-keyring (--keyring: e.g. Ubuntu's archive keyring with --mirror
 # http://archive.ubuntu.com/ubuntu --suite noble --components "main universe"). An Ubuntu guest
 # takes Debian's bookworm packages by default (Debian 12's docker.io runs on Ubuntu 24.04 with
-# what its status lacks added: tools/device/ does exactly that), through a private apt
+# what its status lacks added: dev/device/ does exactly that), through a private apt
 # configuration (its own sources, lists and caches): the machine's own apt sources and state are
 # neither read nor changed, and it needs apt and a keyring only (any Debian or Ubuntu controller).
 # Needs root (apt's download sandbox) unless the directory is cached.

@@ -68,7 +68,7 @@ run_molecule() {
   local scenario rc=0 start
   for scenario in molecule/*/molecule.yml; do
     scenario=$(basename "$(dirname "$scenario")")
-    # molecule/lab boots the emulated lab host (QEMU TCG; python -m labhost): 8-10 min
+    # molecule/lab boots the emulated lab host (QEMU TCG; python -m dev.lab): 8-10 min
     # with its image cached, a minute more when the image is (re)built, as root.
     start=$SECONDS
     if molecule test --no-command-borders -s "$scenario"; then

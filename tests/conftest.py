@@ -76,8 +76,8 @@ def tree_digest(root: Path) -> str:
 
 
 def build_collection_tool():
-    """tools/build_collection.py as a module (tools/ is no package)."""
-    spec = importlib.util.spec_from_file_location("build_collection", REPO / "tools" / "build_collection.py")
+    """dev/tools/build_collection.py as a module (dev/tools/ is no package)."""
+    spec = importlib.util.spec_from_file_location("build_collection", REPO / "dev" / "tools" / "build_collection.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""bench/lab_noop.py: its parsing and printing on canned ansible-playbook output (the lab itself
+"""dev/bench/lab_noop.py: its parsing and printing on canned ansible-playbook output (the lab itself
 is never run here: the lead runs the benchmark)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from tests.conftest import REPO
 
 
 def _load() -> ModuleType:
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("lab_noop_bench", REPO / "bench" / "lab_noop.py")
+    sys.path.insert(0, str(REPO / "dev" / "bench"))
+    spec = importlib.util.spec_from_file_location("lab_noop_bench", REPO / "dev" / "bench" / "lab_noop.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
@@ -80,7 +80,7 @@ def test_the_lab_must_be_up_and_its_overrides_are_passed(capsys) -> None:
     }
     assert bench.lab_overrides('{"running": true, "inventory_overrides": null}') == {}
     for bad, says in (
-        ('{"running": false}', "the lab host is not running: start it with `python -m labhost up`"),
+        ('{"running": false}', "the lab host is not running: start it with `python -m dev.lab up`"),
         ("Traceback", "printed no JSON"),
         ("[1]", "no status object"),
     ):

@@ -1,4 +1,4 @@
-"""tools/build_collection.py: what goes into plugins/module_utils, what it refuses, and
+"""dev/tools/build_collection.py: what goes into plugins/module_utils, what it refuses, and
 that an unchanged checkout is not assembled again."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The collection gpuprov.kvm as a user gets it: its tarball (tools/build_collection.py,
+"""The collection gpuprov.kvm as a user gets it: its tarball (dev/tools/build_collection.py,
 ``ansible-galaxy collection build``) installed into an empty collections path, then used
 from a directory outside the checkout, with no ansible.cfg of the repo and no other
 collection on the path: ``ansible-doc`` shows every module by FQCN, and a play runs FQCN

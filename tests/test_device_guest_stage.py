@@ -1,6 +1,6 @@
 """The guest stage of record: playbooks/guests.yml run through ansible-playbook on the device
 machines (real GPU guests: 1x H100 and 2x H200 with NVLink; Ubuntu 24.04, driver 580.159.04 from
-the image, no package registry) by tools/device/guest-stage.sh, 2026-11-22. Its logs are the
+the image, no package registry) by dev/device/guest-stage.sh, 2026-11-22. Its logs are the
 fixtures (tests/fixtures/outputs/device-guest-stage/); these tests say what they must show."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ CONTAINER_MACHINES = sorted(p for p in CONTAINER_RUNS.iterdir() if p.is_dir())
 
 @pytest.mark.parametrize("machine", CONTAINER_MACHINES, ids=[p.name for p in CONTAINER_MACHINES])
 def test_a_container_from_the_bare_guest_saw_every_gpu(machine: Path) -> None:
-    """tools/device/container-stage.sh on a bare GPU guest (no engine, no toolkit, no systemd): the role
+    """dev/device/container-stage.sh on a bare GPU guest (no engine, no toolkit, no systemd): the role
     installed the engine and the toolkit from an offline directory, and a container saw every GPU."""
     summary = (machine / "summary.txt").read_text()
     assert "bare: dockerd=none nvidia-ctk=none pid1=process_api" in summary

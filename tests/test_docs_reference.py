@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_generated_reference_is_current() -> None:
     done = subprocess.run(
-        [sys.executable, "tools/gen_reference.py", "--check"],
+        [sys.executable, "dev/tools/gen_reference.py", "--check"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -19,7 +19,7 @@ def test_generated_reference_is_current() -> None:
         check=False,
     )
     assert done.returncode == 0, (
-        "docs/reference is stale: run `python tools/gen_reference.py` and commit the result\n"
+        "docs/reference is stale: run `python dev/tools/gen_reference.py` and commit the result\n"
         + done.stdout
         + done.stderr
     )

@@ -1,5 +1,5 @@
 """inspect over hosts captured from real boots of emulated q35 + Intel IOMMU
-machines (tools/emuhost): real kernel groups, drivers, mounts, swap, routes.
+machines (dev/emuhost): real kernel groups, drivers, mounts, swap, routes.
 tests/fixtures/hosts/README.md describes each topology."""
 
 from __future__ import annotations

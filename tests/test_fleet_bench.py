@@ -1,4 +1,4 @@
-"""bench/fleet.py: its arithmetic, inventory and output parsing, and one tiny real run."""
+"""dev/bench/fleet.py: its arithmetic, inventory and output parsing, and one tiny real run."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.conftest import HOSTS, REPO
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fleet_bench", REPO / "bench" / "fleet.py")
+    spec = importlib.util.spec_from_file_location("fleet_bench", REPO / "dev" / "bench" / "fleet.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
@@ -111,7 +111,7 @@ def test_table_projects_from_the_one_host_run() -> None:
 @pytest.mark.slow
 def test_a_tiny_real_run_prints_the_table_and_changes_nothing() -> None:
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "fleet.py"), "--hosts", "2", "--forks", "2"],
+        [sys.executable, str(REPO / "dev" / "bench" / "fleet.py"), "--hosts", "2", "--forks", "2"],
         capture_output=True,
         text=True,
         check=False,

@@ -1,4 +1,4 @@
-"""The lab's (labhost/) pieces that need no emulator: the nested guest's initramfs and the
+"""The lab's (dev/lab/) pieces that need no emulator: the nested guest's initramfs and the
 output of its /init against the checks inventories/lab makes, the image's cache
 key, the package lists the lab image and role gpu_vms share, the -e overrides.
 
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dev.lab import common, debpkg, image
 from gpuprov.facts.host import gather
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.model.resolve import resolve
 from gpuprov.plan import vm_host
 from gpuprov.rules.vm_input import parse_vm
-from labhost import common, debpkg, image
 from tests.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[1]

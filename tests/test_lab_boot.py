@@ -3,7 +3,7 @@
 cache key per boot loader, GRUB's embedded config, systemd-boot's kernel arguments, fstab
 and first boot, and how run/watchdog.log tells the lab's resets from the guest's.
 
-The proofs on the booted lab host are tools/lab-boot-proof.sh (docs/development/lab.md)."""
+The proofs on the booted lab host are dev/tools/lab-boot-proof.sh (docs/development/lab.md)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labhost import __main__ as cli
-from labhost import boot, debpkg, image
+from dev.lab import __main__ as cli
+from dev.lab import boot, debpkg, image
 
 UUID = "0b5c3a7e-1111-4222-8333-444455556666"
 

@@ -1,5 +1,5 @@
 """gpuprov verify's multi-GPU and health checks (gpuprov/verify/checks_multigpu.py) over
-probe dicts (gpuprov/facts/multigpu.py, written by tools/multigpu_probe.py).
+probe dicts (gpuprov/facts/multigpu.py, written by dev/tools/multigpu_probe.py).
 
 No multi-GPU machine is here: the probes are made by hand after real outputs, the 4x H200
 passthrough guest (../shared/fixtures/toolkit-h200x4: 0000:00:06.0-09.0, NV18 between every
@@ -538,7 +538,7 @@ def probe_files() -> list[Any]:
 
 @pytest.mark.parametrize("path", probe_files())
 def test_probe_files_are_judged(path: Path | None, tmp_path: Path) -> None:
-    """A probe as tools/multigpu_probe.py writes it: schema-valid, and judged with every
+    """A probe as dev/tools/multigpu_probe.py writes it: schema-valid, and judged with every
     pair and every GPU named (the real ones come from the device machine)."""
     if path is None:
         path = tmp_path / "h200x4.probe.json"

@@ -1,5 +1,5 @@
 """The pip wheel hosts install: the gpuprov package with its CLI and JSON schemas, and no lab
-code (labhost/ is a development tool run from the checkout by scripts/main.sh)."""
+code (dev/lab/ is a development tool run from the checkout by scripts/main.sh)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_the_wheel_holds_gpuprov_and_no_lab_code(tmp_path: Path) -> None:
     # Built from a copy: a checkout's stale build/lib (setuptools reuses it) cannot leak in,
-    # and the checkout gets no build/ or egg-info. labhost/ is copied too: the package find
+    # and the checkout gets no build/ or egg-info. dev/lab/ is copied too: the package find
     # in pyproject.toml must leave it out.
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("gpuprov", "labhost"):
+    for name in ("gpuprov", "dev"):
         shutil.copytree(REPO / name, src / name, ignore=ignore)
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, src / name)
@@ -35,6 +35,6 @@ def test_the_wheel_holds_gpuprov_and_no_lab_code(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/", 1)[0] for n in names}
     assert tops == {"gpuprov", next(t for t in tops if t.endswith(".dist-info"))}, tops
-    assert not [n for n in names if "labhost" in n or Path(n).stem in ("lab", "debpkg")]
+    assert not [n for n in names if n.startswith("dev/") or Path(n).stem in ("lab", "debpkg")]
     assert "gpuprov/cli/main.py" in names
     assert any(n.startswith("gpuprov/schemas/") and n.endswith(".json") for n in names)

@@ -3,7 +3,7 @@
 The VF types of an SR-IOV GPU can only be checked once its VFs exist, so a plan that enables
 VFs is applied, the VFs awaited, and the host planned again (gpuprov.plan.vgpu). :func:`main` is
 what ``gpuprov-vgpu.service`` runs at boot, from the zipapp ``/usr/lib/gpuprov/gpuprov-vgpu.pyz``
-(tools/build_collection.py builds it; docs/collection.md).
+(dev/tools/build_collection.py builds it; docs/collection.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 "probe"): per GPU its NVLink links, BAR1, ECC counts, retired pages and remapped rows,
 clock event (throttle) reasons (NVML), its NUMA node, local CPUs and BAR sizes (sysfs);
 per pair of GPUs NVML's P2P status; the CPUs this process may run on; Xid events from
-the kernel log. ``tools/multigpu_probe.py`` writes the same dict to a file, so a real
+the kernel log. ``dev/tools/multigpu_probe.py`` writes the same dict to a file, so a real
 machine's values become a test fixture (tests/test_verify_multigpu.py).
 
 Every value that cannot be read is ``None`` (the checks say "unknown"), never an

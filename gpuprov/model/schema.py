@@ -1,7 +1,7 @@
 """The host declaration's JSON Schema, and the one validator every reader runs it through.
 
 ``SCHEMA`` is the schema of ``gpuprov_host`` and ``gpuprov_layouts`` (docs/reference/host-model.md;
-published as docs/reference/gpuprov-host.schema.json by tools/gen_reference.py, and printed by
+published as docs/reference/gpuprov-host.schema.json by dev/tools/gen_reference.py, and printed by
 ``gpuprov schema``). :func:`check` validates a value against it with the small subset of JSON
 Schema (draft 2020-12) the schema uses: ``type``, ``properties``, ``additionalProperties``,
 ``required``, ``enum``, ``pattern``, ``minLength``/``maxLength``, ``minimum``/``maximum``,

@@ -18,7 +18,7 @@ from .base import COMMAND, Action, Plan, Refusal
 
 # Per OS family (gpuprov.facts.driver_install.read_os): libvirt's daemon with its QEMU driver,
 # QEMU for x86, UEFI firmware, qemu-img (disk overlays), an ISO tool (cloud-init seeds) and
-# dnsmasq (libvirt's DHCP). The lab image holds the Debian list (labhost/image.py PACKAGES;
+# dnsmasq (libvirt's DHCP). The lab image holds the Debian list (dev/lab/image.py PACKAGES;
 # tests/test_lab.py keeps them in step), so on the lab host this plans nothing.
 PACKAGES = {
     "debian": [

@@ -5,7 +5,7 @@ full, ECC errors, retired pages and remapped rows, clock event (throttle) reason
 Xid events in the kernel log.
 
 :func:`judge_multigpu` is pure over the probe dict (:mod:`gpuprov.facts.multigpu`,
-written as is by ``tools/multigpu_probe.py``), so real machines' probes are test
+written as is by ``dev/tools/multigpu_probe.py``), so real machines' probes are test
 fixtures. A value the probe could not read is "unknown" (skip), never ok.
 """
 

@@ -8,7 +8,7 @@ running guest uses it is refused, it and the bindings come back after a reboot,
 and once the guest is off the vGPU role removes it (and then changes nothing).
 
 Addresses (inventories/lab/host_vars/lab-gpu-host.yml, QEMU topology in
-labhost/boot.py): edu A 0000:01:00.0 alone behind a root port; edu B 0000:02:00.0
+dev/lab/boot.py): edu A 0000:01:00.0 alone behind a root port; edu B 0000:02:00.0
 with HD audio 0000:02:00.1 behind another; edu C 0000:04:01.0 and the e1000
 0000:04:02.0 behind the PCIe-to-PCI bridge 0000:03:00.0. The tests run in file
 order: a run killed during the vfio bind and then during the VM's creation (rerun: the

@@ -4,7 +4,7 @@ Per bootloader (GRUB first, then the systemd-boot image), in file order:
 - an argument that panics the kernel (init=/bin/false: init exits, the kernel panics) and one
   that hangs it (init=/bin/sh: a shell waiting on a console nobody types on). Each time the lab
   host comes back by itself on its old arguments (panic=N; QEMU's i6300esb, armed from the
-  trial's initramfs, and not labhost's own boot watchdog), the play fails naming the argument,
+  trial's initramfs, and not the lab's own boot watchdog), the play fails naming the argument,
   and the default entry is byte for byte what it was; run again, the same arguments are refused
   without a reboot;
 - the good change: trial boot, checks, commit; the next reboot keeps it; a rerun changes nothing.
@@ -27,8 +27,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
-from labhost.boot import RESET_BY_GUEST, RESET_BY_LAB  # noqa: E402
-from labhost.common import lab_dir  # noqa: E402
+from dev.lab.boot import RESET_BY_GUEST, RESET_BY_LAB  # noqa: E402
+from dev.lab.common import lab_dir  # noqa: E402
 
 # molecule/conftest.py's runner (the folder's name is the molecule package's: loaded by path).
 _spec = importlib.util.spec_from_file_location("gpuprov_molecule_conftest", REPO / "molecule" / "conftest.py")
@@ -61,8 +61,8 @@ def converge(hostname):
     return lambda extra_vars=None: run_converge(hostname, extra_vars, inventory=inventory, timeout=1800)
 
 
-def labhost(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "labhost", *args], cwd=REPO, check=True, timeout=3600)
+def lab(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "dev.lab", *args], cwd=REPO, check=True, timeout=3600)
 
 
 def adhoc(module: str, args: str) -> subprocess.CompletedProcess:
@@ -73,7 +73,7 @@ def adhoc(module: str, args: str) -> subprocess.CompletedProcess:
 
 
 def resets(by: str) -> int:
-    """Resets in run/watchdog.log by labhost's own boot watchdog (the lab's stand-in for a BMC,
+    """Resets in run/watchdog.log by the lab's own boot watchdog (the lab's stand-in for a BMC,
     RESET_BY_LAB) or by the guest's hardware watchdog (QEMU's WATCHDOG event, RESET_BY_GUEST)."""
     try:
         return sum(line.split(" ", 1)[-1].startswith(by) for line in (RUN / "watchdog.log").read_text().splitlines())
@@ -102,8 +102,8 @@ def cmdline(host) -> list[str]:
 def loader(request) -> str:
     """The lab host booting with this loader (create.yml booted the GRUB image)."""
     if request.param != "grub":
-        labhost("down")
-        labhost("up", "--fresh", "--loader", request.param)
+        lab("down")
+        lab("up", "--fresh", "--loader", request.param)
     return request.param
 
 
@@ -130,7 +130,7 @@ def test_a_bad_argument_comes_back_by_itself_on_the_old_arguments(host, converge
     assert boot_id(host) != booted
     assert "intel_iommu=off" in cmdline(host) and not any(a.startswith("gpuprov.trial=") for a in cmdline(host))
     assert default_digest(host, loader) == before
-    assert resets(RESET_BY_LAB) == bmc, "labhost's boot watchdog fired: the trial's own fallback did not"
+    assert resets(RESET_BY_LAB) == bmc, "the lab's boot watchdog fired: the trial's own fallback did not"
     # A panic reboots by panic=; a hang only by the i6300esb the trial's initramfs armed.
     assert resets(RESET_BY_GUEST) == guest_wdt + (case == "hang")
     trial = console()[offset:]

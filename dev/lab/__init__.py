@@ -1,10 +1,10 @@
-"""``python -m labhost``: an emulated GPU host to run the playbooks against for real.
+"""``python -m dev.lab``: an emulated GPU host to run the playbooks against for real.
 
-    python -m labhost up [--fresh] [--loader grub|systemd-boot]
+    python -m dev.lab up [--fresh] [--loader grub|systemd-boot]
                                        build the disk image (cached) and boot the lab host
-    python -m labhost ssh [CMD...]     a shell or a command on it (root, key auth)
-    python -m labhost status           running or not, its SSH port, the image's cache key
-    python -m labhost down             power it off
+    python -m dev.lab ssh [CMD...]     a shell or a command on it (root, key auth)
+    python -m dev.lab status           running or not, its SSH port, the image's cache key
+    python -m dev.lab down             power it off
 
 The lab host is QEMU's q35 under TCG (no KVM needed) with an emulated Intel
 IOMMU (``intel-iommu,intremap=on``), booting Debian 12 from its own disk through

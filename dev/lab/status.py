@@ -43,11 +43,11 @@ def status(lab: Path, as_json: bool) -> int:
         print(json.dumps(out, indent=2))
         return 0
     if pid:
-        print(f"running: pid {pid}, {loader}, SSH on 127.0.0.1:{out['ssh_port']} (python -m labhost ssh)")
+        print(f"running: pid {pid}, {loader}, SSH on 127.0.0.1:{out['ssh_port']} (python -m dev.lab ssh)")
         if state.get("key") != key:
             print(f"  runs image {state.get('key')}; the inputs now give {key} (`down` and `up` to rebuild)")
     else:
-        print("not running (python -m labhost up)")
+        print("not running (python -m dev.lab up)")
     for line in out["watchdog_resets"]:
         print(f"  watchdog: {line}")
     print(f"image key: {key} ({'cached' if out['image_cached'] else 'not built yet'})")
@@ -60,7 +60,7 @@ def status(lab: Path, as_json: bool) -> int:
 
 def ssh(lab: Path, command: list[str]) -> int:
     if qemu_pid(lab) is None:
-        raise LabError("the lab host is not running: python -m labhost up")
+        raise LabError("the lab host is not running: python -m dev.lab up")
     port = read_state(lab).get("port", default_port())
     if command and command[0] == "--":
         command = command[1:]

@@ -1,4 +1,4 @@
-"""``python -m labhost up|down|ssh|status`` from the checkout (scripts/main.sh, molecule/lab)."""
+"""``python -m dev.lab up|down|ssh|status`` from the checkout (scripts/main.sh, molecule/lab)."""
 
 from __future__ import annotations
 
@@ -22,17 +22,17 @@ def cmd_lab(args: argparse.Namespace) -> int:
             return status(lab, args.json)
         return ssh(lab, args.cmd)
     except LabError as exc:
-        print(f"labhost: error: {exc}", file=sys.stderr)
+        print(f"dev.lab: error: {exc}", file=sys.stderr)
         return 2
     except debpkg.CommandError as exc:
-        print(f"labhost: {exc}", file=sys.stderr)
+        print(f"dev.lab: {exc}", file=sys.stderr)
         return 1
 
 
 def parser() -> argparse.ArgumentParser:
-    """``python -m labhost`` and its subcommands."""
+    """``python -m dev.lab`` and its subcommands."""
     p = argparse.ArgumentParser(
-        prog="python -m labhost",
+        prog="python -m dev.lab",
         description="Build (cached) and run the lab host: Debian 12 on q35 with an emulated Intel IOMMU and "
         "QEMU edu devices standing in for GPUs, booting through OVMF and its own GRUB. State and images under "
         "${GPUPROV_CACHE:-~/.cache/gpuprov}/lab/. inventories/lab targets it.",

@@ -3,7 +3,7 @@ the probe of gpuprov/facts/multigpu.py (NVML through pynvml, sysfs, this process
 kernel log's Xid lines) with each GPU's PCIe link, and with --bench the GPU-to-GPU copies.
 The file is a test fixture as it is: tests/test_verify_multigpu.py judges such files.
 
-    PYTHONPATH=. python3 tools/multigpu_probe.py --out probe.json [--bench] [--report verify.json]
+    PYTHONPATH=. python3 dev/tools/multigpu_probe.py --out probe.json [--bench] [--report verify.json]
 
 --report also writes the `gpuprov verify --json` report made from the same reading, and
 `nvidia-smi topo -m` / `topo -p2p r` are kept beside the values (to set the P2P matrix
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.report.verify import build_report

@@ -2,8 +2,8 @@
 # The guest stage (playbooks/guests.yml: guest_nvidia_driver, guest_container_toolkit, gpu_verify)
 # run through ansible-playbook against localhost on a GPU guest: check mode, apply, apply again.
 # Made for the device machines (no package registry: ansible-core comes as wheels in .whl/, the
-# collection as build/collections from tools/build_collection.py); every log goes to $OUT.
-#   tools/device/guest-stage.sh [extra ansible-playbook args]
+# collection as build/collections from dev/tools/build_collection.py); every log goes to $OUT.
+#   dev/device/guest-stage.sh [extra ansible-playbook args]
 set -uo pipefail
 OUT=${OUT:-/tmp/guest-stage}
 mkdir -p "$OUT"
@@ -40,6 +40,6 @@ grep -hE "FAILED|fatal|msg" "$OUT"/toolkit.log | head -20
 # Issue 14: the guest stage with nothing to do against a facts-only play on the same guest, in the
 # same run, interleaved (rounds of facts-only then no-op): each time, the medians and the ratio.
 # The no-op stage is what converges here: the driver and verify (the toolkit from an offline
-# directory, and its no-op figure: tools/device/container-stage.sh).
-source tools/device/noop-ratio.sh
+# directory, and its no-op figure: dev/device/container-stage.sh).
+source dev/device/noop-ratio.sh
 noop_ratio 5 "guest stage (guest_driver, verify)" playbooks/guests.yml --tags guest_driver,verify

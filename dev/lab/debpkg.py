@@ -1,7 +1,7 @@
 """Debian packages for the emulated hosts: versions, a download cache, mtty.
 
-Shared by ``tools/emuhost/capture-topologies.py`` (busybox + Python initramfs
-hosts) and ``labhost`` (a bootable disk image): both are made only of
+Shared by ``dev/emuhost/capture-topologies.py`` (busybox + Python initramfs
+hosts) and ``dev.lab`` (a bootable disk image): both are made only of
 Debian packages, resolved with the build machine's own ``apt-cache`` (its
 sources and pinning) and fetched with ``apt-get download`` into a cache, so a
 second build downloads nothing. Never shipped to targets (uses subprocess).
@@ -155,7 +155,7 @@ def build_mtty(kver: str, ko: Path, debs: Path) -> Path:
     return ko
 
 
-# The emulated GPU host both the lab and tools/emuhost boot: q35 with an Intel
+# The emulated GPU host both the lab and dev/emuhost boot: q35 with an Intel
 # IOMMU (interrupt remapping needs the split irqchip), TCG (KVM hangs on these
 # machines), an Intel CPU without the hypervisor bit to match the IOMMU and look
 # like bare metal (TCG has no VT-x), 2 vCPUs.

@@ -4,8 +4,8 @@
 # ansible-playbook with an offline directory (Debian 12's Docker engine and what this guest lacks,
 # made by scripts/offline-debs.sh --status from the guest's own dpkg status, plus the toolkit's
 # .debs), then `gpuprov verify --bench --image` running a real GPU container.
-#   tools/device/container-stage.sh park   # call 1: keep the .debs carried in .carry/debs (a call carries 64 MiB)
-#   tools/device/container-stage.sh run    # call 2: the rest carried, then every step below; logs in $OUT
+#   dev/device/container-stage.sh park   # call 1: keep the .debs carried in .carry/debs (a call carries 64 MiB)
+#   dev/device/container-stage.sh run    # call 2: the rest carried, then every step below; logs in $OUT
 # Steps: check mode (/etc and dpkg's status hashed before and after), apply, a local image (the guest's
 # python3 and glibc: `docker import`, nothing pulled), verify --bench --image, the role again (changed=0),
 # and the no-op stage against a facts-only play, alternated.
@@ -96,7 +96,7 @@ PY
 } 2>&1 | tee "$OUT/summary.txt"
 
 # The no-op stage against a facts-only play, alternated (issue 14's method): 3 rounds.
-source tools/device/noop-ratio.sh
+source dev/device/noop-ratio.sh
 noop_ratio 3 "container stage (--tags containers)" playbooks/guests.yml --tags containers
 # What comes back from a device call: at most 8 files; the logs go as one tarball.
 tar -C "$OUT" -czf "$OUT/../container-stage-logs.tgz" . && mv "$OUT/../container-stage-logs.tgz" "$OUT/"

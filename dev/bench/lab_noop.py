@@ -1,7 +1,7 @@
 """The no-op figure of issue #14 on the lab: a facts-only play against the whole playbook with
 nothing to do, on the same host, in one run.
 
-Against a lab host already up (``python -m labhost up``; ``python -m labhost status --json``
+Against a lab host already up (``python -m dev.lab up``; ``python -m dev.lab status --json``
 says where, and the ``-e`` overrides its inventory needs), with ``inventories/lab``:
 
 1. ``playbooks/gpu-passthrough.yml`` once, unmeasured, to converge the lab (skipped with
@@ -10,7 +10,7 @@ says where, and the ``-e`` overrides its inventory needs), with ``inventories/la
    and the playbook with nothing to do, timed ``--noop-runs`` times, alternating (facts, no-op,
    facts, ...: the lab's speed drifts); a measured run that changes anything makes it say so and
    exit 1;
-3. the fleet figure: bench/fleet.py's facts-only and no-op plays on ``--fleet-hosts`` local
+3. the fleet figure: dev/bench/fleet.py's facts-only and no-op plays on ``--fleet-hosts`` local
    staged hosts (its functions, imported), whose per-host marginal projects the lab's one-host
    times to 1,000 hosts (``--fleet-hosts 0`` skips it).
 
@@ -18,9 +18,9 @@ It prints each time, the ratio no-op / facts-only (median over median; the issue
 most 2), the no-op run's per-task profile (``ansible.posix.profile_tasks``, task order) with
 the tasks that ran a module on the host, and the projection (docs/development/benchmarks.md).
 
-    python bench/lab_noop.py                       # 3 facts-only runs, 1 no-op run, fleet at 10 hosts
-    python bench/lab_noop.py --converged --noop-runs 3 --fleet-hosts 0
-    python bench/lab_noop.py -e gpu_vms_check_consoles=false   # extra vars for every play
+    python dev/bench/lab_noop.py                       # 3 facts-only runs, 1 no-op run, fleet at 10 hosts
+    python dev/bench/lab_noop.py --converged --noop-runs 3 --fleet-hosts 0
+    python dev/bench/lab_noop.py -e gpu_vms_check_consoles=false   # extra vars for every play
 """
 
 from __future__ import annotations
@@ -39,16 +39,16 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+REPO = BENCH.parents[1]
 sys.path.insert(0, str(BENCH))
 
-import fleet  # noqa: E402  (bench/fleet.py: its plays, parsers and arithmetic, one copy)
+import fleet  # noqa: E402  (dev/bench/fleet.py: its plays, parsers and arithmetic, one copy)
 
 INVENTORY = REPO / "inventories" / "lab"
 PLAYBOOK = REPO / "playbooks" / "gpu-passthrough.yml"
 # become as the playbook's plays: the same connection and privilege escalation.
 FACTS_PLAY = [{"name": "facts only", "hosts": "gpu_hosts", "become": True, "gather_facts": True, "tasks": []}]
-# The recap's skipped counter (bench/fleet.py's RECAP_RE reads ok/changed/unreachable/failed).
+# The recap's skipped counter (dev/bench/fleet.py's RECAP_RE reads ok/changed/unreachable/failed).
 SKIPPED_RE = re.compile(r"^\S+\s+:\s+ok=\d+.*?\bskipped=(\d+)", re.M)
 # A task that takes this long ran something on the host (a skipped or controller task: milliseconds).
 MODULE_RUN_S = 0.3
@@ -71,19 +71,19 @@ def refuse(message: str) -> NoReturn:
 
 
 def lab_overrides(status_json: str) -> dict[str, Any]:
-    """The ``-e`` overrides ``inventories/lab`` needs, from ``python -m labhost status --json``;
+    """The ``-e`` overrides ``inventories/lab`` needs, from ``python -m dev.lab status --json``;
     exit 2 when the lab is not running or the answer is not the status object."""
     try:
         status = json.loads(status_json)
     except ValueError:
-        refuse("python -m labhost status --json printed no JSON: is the checkout's labhost importable?")
+        refuse("python -m dev.lab status --json printed no JSON: is the checkout's dev.lab importable?")
     if not isinstance(status, dict):
-        refuse("python -m labhost status --json printed no status object")
+        refuse("python -m dev.lab status --json printed no status object")
     if not status.get("running"):
-        refuse("the lab host is not running: start it with `python -m labhost up` (this bench never does)")
+        refuse("the lab host is not running: start it with `python -m dev.lab up` (this bench never does)")
     extra = status.get("inventory_overrides") or {}
     if not isinstance(extra, dict):
-        refuse("python -m labhost status --json: inventory_overrides is not a mapping")
+        refuse("python -m dev.lab status --json: inventory_overrides is not a mapping")
     return extra
 
 
@@ -136,7 +136,7 @@ def report(facts: Timed, noop: Timed, noop_skipped: int, fleet_points: list[flee
         mark = "*" if s >= MODULE_RUN_S else " "
         lines.append(f"  {mark} {name:<{width}} {s:7.2f} s")
     if fleet_points:
-        lines.append("fleet (bench/fleet.py's plays on local staged hosts, same controller):")
+        lines.append("fleet (dev/bench/fleet.py's plays on local staged hosts, same controller):")
         lines.append(fleet.table(fleet_points))
         lines.extend(projection_lines(facts, noop, fleet_points))
     return "\n".join(lines)
@@ -200,7 +200,7 @@ def interleaved(
 
 
 def fleet_run(hosts: int, forks: int, work: Path, env: dict[str, str]) -> list[fleet.Point]:
-    """bench/fleet.py's two plays on 1 and ``hosts`` staged hosts at ``forks``."""
+    """dev/bench/fleet.py's two plays on 1 and ``hosts`` staged hosts at ``forks``."""
     roots = fleet.stage(fleet.HOSTS / "gpu-audio.tar.gz", work / "roots", hosts)
     inv = work / "inventory.yml"
     inv.write_text(json.dumps(fleet.inventory(roots, "0000:01:00.0", sys.executable), indent=1))
@@ -241,14 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     if not fleet.PLAYBOOK.exists():
         refuse(f"{fleet.PLAYBOOK} not found: install the test extra (ansible-core)")
     status = subprocess.run(
-        [sys.executable, "-m", "labhost", "status", "--json"], capture_output=True, text=True, check=False, cwd=REPO
+        [sys.executable, "-m", "dev.lab", "status", "--json"], capture_output=True, text=True, check=False, cwd=REPO
     )
     extra = {**lab_overrides(status.stdout), **extra}
     built = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "build_collection.py")], capture_output=True, text=True, check=False
+        [sys.executable, str(REPO / "dev" / "tools" / "build_collection.py")],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if built.returncode != 0:
-        raise SystemExit(f"lab_noop.py: tools/build_collection.py failed:\n{built.stdout}{built.stderr}")
+        raise SystemExit(f"lab_noop.py: dev/tools/build_collection.py failed:\n{built.stdout}{built.stderr}")
     env = fleet._env()
     with tempfile.TemporaryDirectory(prefix="gpuprov-lab-noop-") as tmp:
         work = Path(tmp)

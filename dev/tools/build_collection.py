@@ -40,7 +40,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NAMESPACE, NAME = "gpuprov", "kvm"
 BUILD = REPO / "build"
 COLLECTIONS = BUILD / "collections"

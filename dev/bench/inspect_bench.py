@@ -14,9 +14,9 @@ are started the same way, as subprocesses of this interpreter, and the best of
 Targets (from the issue): gpuprov no slower than lspci, within 2x of the floor,
 and a per-device cost that stays flat as the host grows.
 
-    python bench/inspect_bench.py                  # ~550, ~1,100, ~2,100 devices, best of 5
-    python bench/inspect_bench.py --scales 1,2,4 --runs 3 --json
-    python bench/inspect_bench.py --profile        # cProfile of gpuprov on the largest root
+    python dev/bench/inspect_bench.py                  # ~550, ~1,100, ~2,100 devices, best of 5
+    python dev/bench/inspect_bench.py --scales 1,2,4 --runs 3 --json
+    python dev/bench/inspect_bench.py --profile        # cProfile of gpuprov on the largest root
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+REPO = BENCH.parents[1]
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(REPO))
 

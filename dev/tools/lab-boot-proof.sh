@@ -3,23 +3,23 @@
 # docs/development/lab.md "Boot trials in the lab"): each proof prints what it saw and the
 # seconds each boot took, and exits non-zero on the first thing that is not as it should be.
 #
-#   tools/lab-boot-proof.sh grub          # lab up with the default image (GRUB)
-#   tools/lab-boot-proof.sh watchdog      # either image
-#   tools/lab-boot-proof.sh systemd-boot  # lab up --loader systemd-boot
+#   dev/tools/lab-boot-proof.sh grub          # lab up with the default image (GRUB)
+#   dev/tools/lab-boot-proof.sh watchdog      # either image
+#   dev/tools/lab-boot-proof.sh systemd-boot  # lab up --loader systemd-boot
 #
-# GPUPROV_CACHE and GPUPROV_LAB_PORT as for `python -m labhost`; PYTHON (default .venv's or
+# GPUPROV_CACHE and GPUPROV_LAB_PORT as for `python -m dev.lab`; PYTHON (default .venv's or
 # python3) runs it. The proofs change the lab host's boot state and put it back; they reboot
 # it 2-3 times (about 40-60 s each under TCG).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}
 TRIAL_ARG=gpuprov.trial=1
 
-lab() { "$PYTHON" -m labhost ssh "$@"; }
+lab() { "$PYTHON" -m dev.lab ssh "$@"; }
 say() { echo "proof: $*"; }
 fail() { echo "proof: FAILED: $*" >&2; exit 1; }
 boot_id() { lab cat /proc/sys/kernel/random/boot_id; }
-run_dir() { "$PYTHON" -m labhost status --json | "$PYTHON" -c 'import json, os, sys; print(os.path.dirname(json.load(sys.stdin)["console"]))'; }
+run_dir() { "$PYTHON" -m dev.lab status --json | "$PYTHON" -c 'import json, os, sys; print(os.path.dirname(json.load(sys.stdin)["console"]))'; }
 
 # Wait until SSH answers with another boot id than $1; prints the seconds waited.
 wait_new_boot() {

@@ -19,7 +19,7 @@ Where the kernel and the brief could differ, the kernel wins: VFs read
 attributes), their link attributes read ``Unknown``/``0``, and ``boot_vga``
 exists only on VGA-class functions.
 
-    python bench/synth_host.py /tmp/host --scale 0.5
+    python dev/bench/synth_host.py /tmp/host --scale 0.5
 """
 
 from __future__ import annotations

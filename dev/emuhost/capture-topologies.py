@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Boot emulated GPU-passthrough hosts under QEMU TCG and capture each as a fixture.
 
-    tools/emuhost/capture-topologies.py [--list] [NAME...]
+    dev/emuhost/capture-topologies.py [--list] [NAME...]
 
 For each topology (all of them when no NAME is given) this boots QEMU's q35 with
 an emulated Intel IOMMU, Debian 12's own kernel and a busybox + Python 3.11
@@ -33,10 +33,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
+REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
+from dev.lab import debpkg  # noqa: E402  (the package-download/mtty helpers the lab uses too)
 from gpuprov.cli import rootfs  # noqa: E402
-from labhost import debpkg  # noqa: E402  (the package-download/mtty helpers the lab uses too)
 
 FIXTURES = REPO / "tests" / "fixtures" / "hosts"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuprov" / "emuhost"

@@ -200,7 +200,7 @@ def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float, loader:
     pid = qemu_pid(lab)
     if pid:
         if fresh or rebuild:
-            raise LabError("the lab host is running: `python -m labhost down` first")
+            raise LabError("the lab host is running: `python -m dev.lab down` first")
         say(f"already running (pid {pid}), SSH on 127.0.0.1:{state.get('port')}")
         return 0
     ensure_tools(RUN_TOOLS)
@@ -210,7 +210,7 @@ def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float, loader:
     if not port_free(port):
         raise LabError(
             f"127.0.0.1:{port} is in use: pick another port with --port or {PORT_ENV} "
-            "(and give ansible-playbook the -e options `python -m labhost status` prints)"
+            "(and give ansible-playbook the -e options `python -m dev.lab status` prints)"
         )
     if state.get("key") not in (None, image.name) and not fresh:
         say(f"the image changed ({state.get('key')} -> {image.name}): the lab host starts fresh")
@@ -295,7 +295,7 @@ WATCHDOG_LIMIT = 240  # seconds from a boot's start to its login prompt (about 3
 WATCHDOG_TRIES = 3  # resets in a row without a finished boot before the watchdog gives up
 FIRMWARE_LIMIT = 60  # seconds from a reset to the firmware's hand-over (about 10 s normally; 20 after a panic=10)
 # Who reset the machine, first word of each run/watchdog.log line after the time stamp:
-# labhost's BMC-like boot watchdog (below) or a hardware watchdog of the guest's own (QEMU's
+# the lab's BMC-like boot watchdog (below) or a hardware watchdog of the guest's own (QEMU's
 # WATCHDOG event: the i6300esb, or q35's ICH9 TCO, which Linux's iTCO_wdt drives).
 RESET_BY_LAB = "lab-bmc:"
 RESET_BY_GUEST = "guest-watchdog:"
@@ -353,7 +353,7 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
     Linux's "reboot: Restarting system"), and a reset does not end that: a reset (Linux's,
     the guest's watchdog's or this one's) not followed by the firmware's hand-over within
     FIRMWARE_LIMIT is followed by a power cycle (:func:`power_cycle`, a new QEMU). Each
-    reset is logged in run/watchdog.log (``python -m labhost status`` shows them), and so
+    reset is logged in run/watchdog.log (``python -m dev.lab status`` shows them), and so
     is each reset by the guest's own i6300esb (QMP WATCHDOG events): RESET_BY_LAB and
     RESET_BY_GUEST tell them apart, and POWER_CYCLE marks the power cycles. Runs until QEMU exits."""
     console, log = run_dir(lab) / "console.log", run_dir(lab) / "watchdog.log"
@@ -418,8 +418,8 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
 
 def start_watchdog(lab: Path, pid: int) -> None:
     """Run :func:`watchdog` in a detached process (it outlives this command, ends with QEMU)."""
-    code = f"from labhost.boot import watchdog; from pathlib import Path; watchdog(Path({str(lab)!r}), {pid})"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    code = f"from dev.lab.boot import watchdog; from pathlib import Path; watchdog(Path({str(lab)!r}), {pid})"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     with open(run_dir(lab) / "watchdog.err", "ab") as err:
         subprocess.Popen(
             [sys.executable, "-c", code],

@@ -17,8 +17,8 @@ over the same hosts and forks, two plays are timed (``time.perf_counter`` around
 Per forks it prints t(N), the ratio, the per-host marginal cost (t(N) - t(1)) / (N - 1) and
 the projection t(1) + 999 x marginal to 1,000 hosts (docs/development/benchmarks.md).
 
-    python bench/fleet.py                          # 1, 10, 50 hosts at forks 10 and 50
-    python bench/fleet.py --hosts 1,10 --forks 10
+    python dev/bench/fleet.py                          # 1, 10, 50 hosts at forks 10 and 50
+    python dev/bench/fleet.py --hosts 1,10 --forks 10
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+REPO = BENCH.parents[1]
 sys.path.insert(0, str(REPO))
 
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
@@ -327,10 +327,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{PLAYBOOK} not found: install the test extra (ansible-core)")
 
     built = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "build_collection.py")], capture_output=True, text=True, check=False
+        [sys.executable, str(REPO / "dev" / "tools" / "build_collection.py")],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if built.returncode != 0:
-        raise SystemExit(f"fleet.py: tools/build_collection.py failed:\n{built.stdout}{built.stderr}")
+        raise SystemExit(f"fleet.py: dev/tools/build_collection.py failed:\n{built.stdout}{built.stderr}")
     env = _env()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="gpuprov-fleet-"))
     work.mkdir(parents=True, exist_ok=True)

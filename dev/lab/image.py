@@ -1,5 +1,5 @@
 """The lab image: its recipe (packages, files, nested initramfs) and its cached build
-(debootstrap, chroot, first boot under QEMU, ESP). See labhost/__init__.py."""
+(debootstrap, chroot, first boot under QEMU, ESP). See dev/lab/__init__.py."""
 
 from __future__ import annotations
 
