@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuprov.core.plan import REMOVE_FILE
 from gpuprov.facts.bootloader import (
     GRUB_CFG,
     GRUB_ENV,
@@ -34,8 +35,7 @@ from gpuprov.facts.bootloader import (
 )
 from gpuprov.facts.boundedjson import json_depth
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.base import REMOVE_FILE
-from gpuprov.plan.boot_trial import (
+from gpuprov.plan.host.boot_trial import (
     CUSTOM_BEGIN,
     CUSTOM_END,
     MARK_BEGIN,
@@ -48,7 +48,7 @@ from gpuprov.plan.boot_trial import (
     grub_trial_entry,
     plan_boot,
 )
-from gpuprov.plan.cmdline import MAX_GRUB_DEFAULT
+from gpuprov.plan.host.cmdline import MAX_GRUB_DEFAULT
 from tests.conftest import tree_digest
 from tests.modrun import run_in_process
 from tests.test_boot_trial import GRUB_CFG as CFG

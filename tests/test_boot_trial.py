@@ -1,4 +1,4 @@
-"""The IOMMU's boot change tried once (gpuprov.plan.boot_trial, module iommu_boot): arm, trial boot,
+"""The IOMMU's boot change tried once (gpuprov.plan.host.boot_trial, module iommu_boot): arm, trial boot,
 commit; a trial that does not come back is recorded and not tried again; refusals change nothing.
 
 The hosts are staged roots shaped like the lab host (Debian 12, GRUB from /etc/default/grub, the
@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.apply.actions import apply
+from gpuprov.core.plan import COMMAND, WRITE_SYSFS
 from gpuprov.facts.bootloader import (
     GRUB_CUSTOM,
     INITRAMFS_MODULES,
@@ -28,8 +30,7 @@ from gpuprov.facts.bootloader import (
     gather_boot_inputs,
 )
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.base import COMMAND, WRITE_SYSFS, apply
-from gpuprov.plan.boot_trial import BootPlan, BootRequest, custom_cfg, plan_boot, trial_initrd_of
+from gpuprov.plan.host.boot_trial import BootPlan, BootRequest, custom_cfg, plan_boot, trial_initrd_of
 from tests.conftest import tree_digest
 from tests.fakehost import FakeHost
 from tests.modrun import run_in_process

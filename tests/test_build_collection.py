@@ -20,7 +20,7 @@ def test_module_utils_are_the_modules_import_closure_without_the_command_line() 
         "facts/__init__.py",
         "facts/sysfs.py",
         "report/inspect.py",
-        "modsupport.py",
+        "modules/common.py",
         "plan/vgpu/__init__.py",
         "apply/vgpu.py",
     } <= files

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuprov.apply.actions import apply
 from gpuprov.facts.boot import BootFacts, gather
 from gpuprov.facts.iommu import kernel_param, kernel_split, parse_cmdline
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.base import apply
-from gpuprov.plan.cmdline import (
+from gpuprov.plan.host.cmdline import (
     MAX_LINE,
     CmdlinePlan,
     CmdlineRequest,

@@ -115,7 +115,7 @@ def test_the_tarball_is_the_collection_without_the_command_line(installed: dict[
     assert info["license"] == ["Apache-2.0"] and "LICENSE" in names and "meta/runtime.yml" in names
     assert sorted(n[len("plugins/modules/") : -3] for n in names if n.startswith("plugins/modules/")) == MODULES
     utils = "plugins/module_utils/gpuprov/"
-    assert {f"{utils}facts/sysfs.py", f"{utils}modsupport.py", f"{utils}plan/vfio.py"} <= names
+    assert {f"{utils}facts/sysfs.py", f"{utils}modules/common.py", f"{utils}plan/host/vfio.py"} <= names
     assert not [n for n in names if n.startswith(utils) and n[len(utils) :] in CLI_ONLY]
     assert {n.split("/")[1] for n in names if n.startswith("roles/") and n.count("/") > 1} == set(ROLES)
     assert "playbooks/gpu-passthrough.yml" in names

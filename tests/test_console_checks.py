@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.core.vm_spec import ConsoleCheck
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.rules.inputs import validate_gpu_vm_options
-from gpuprov.verify.console import ConsoleCheck, check_console
+from gpuprov.inputs.boundary import validate_gpu_vm_options
+from gpuprov.verify.console import check_console
 
 LOG = "/var/log/libvirt/qemu/vm1-serial.log"
 

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.core.vm_spec import ROM_DIR, HostSettings
 from gpuprov.facts.numa import parse_cpulist
-from gpuprov.plan.domain import DomainConfig, PciPassthrough, build_domain, domain_xml
-from gpuprov.plan.vm import domain_config, vm_paths
-from gpuprov.plan.vm_fit import plan_host
-from gpuprov.plan.vm_spec import HostSettings
-from gpuprov.rules.validate import ROM_DIR
+from gpuprov.plan.vm.domain import DomainConfig, PciPassthrough, build_domain, domain_xml
+from gpuprov.plan.vm.fit import plan_host
+from gpuprov.plan.vm.plan import domain_config, vm_paths
 from tests.vmhosts import GIB_KIB, nvidia_vgpu_host, sriov_vgpu_host, two_node_host
 
 VALIDATE = shutil.which("virt-xml-validate")

@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from gpuprov.cli.main import main
+from gpuprov.core.vm_spec import HostSettings
 from gpuprov.facts.pci import PciBar, parse_bars
-from gpuprov.plan.domain import QEMU_NS, DomainConfig, PciPassthrough, build_domain, domain_xml, mmio64_window_mib
-from gpuprov.plan.vm import domain_config
-from gpuprov.plan.vm_fit import plan_host
-from gpuprov.plan.vm_spec import HostSettings
-from gpuprov.rules.vm_input import parse_vm
+from gpuprov.inputs.vm_list import parse_vm
+from gpuprov.plan.vm.domain import QEMU_NS, DomainConfig, PciPassthrough, build_domain, domain_xml, mmio64_window_mib
+from gpuprov.plan.vm.fit import plan_host
+from gpuprov.plan.vm.plan import domain_config
 from tests.test_domain import validate
 from tests.test_plan_schema import SCHEMA
 from tests.vmhosts import GIB_KIB, HGX_GPUS, h100_resource, hgx_two_node_host, two_node_host

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.plan.domain import domain_xml
-from gpuprov.plan.domain_compare import compare_domain_xml, diff_text
-from gpuprov.plan.vm import domain_config
-from gpuprov.plan.vm_fit import plan_host
-from gpuprov.plan.vm_spec import HostSettings
+from gpuprov.core.vm_spec import HostSettings
+from gpuprov.plan.vm.domain import domain_xml
+from gpuprov.plan.vm.domain_compare import compare_domain_xml, diff_text
+from gpuprov.plan.vm.fit import plan_host
+from gpuprov.plan.vm.plan import domain_config
 from tests.vmhosts import HGX_GPUS, hgx_two_node_host
 
 pytestmark = pytest.mark.slow

@@ -15,16 +15,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuprov.apply.actions import ApplyError, apply
 from gpuprov.cli.main import main
+from gpuprov.core.vm_spec import HostSettings
+from gpuprov.facts.files import read_text
 from gpuprov.facts.host import HostFacts, gather
 from gpuprov.facts.libvirt import LiveDomain
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.facts.vm_storage import StorageState
-from gpuprov.plan.base import ApplyError, apply, read_text
-from gpuprov.plan.vfio import MANAGED_FILES, UDEV_RULES, VfioRequest, plan_vfio, udev_rules
-from gpuprov.plan.vm import VmOptions, plan_vm
-from gpuprov.plan.vm_fit import plan_host
-from gpuprov.plan.vm_spec import HostSettings
+from gpuprov.plan.host.vfio import MANAGED_FILES, UDEV_RULES, VfioRequest, plan_vfio, udev_rules
+from gpuprov.plan.vm.fit import plan_host
+from gpuprov.plan.vm.plan import VmOptions, plan_vm
 from gpuprov.report.inspect import build_report
 from gpuprov.rules.assess import assess_gpu
 from tests.conftest import captured_hosts, tree_digest

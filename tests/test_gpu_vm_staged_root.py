@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuprov.plan.seed import ISO_TOOLS
+from gpuprov.plan.vm.seed import ISO_TOOLS
 from tests.conftest import tree_digest
 from tests.modrun import run_in_process
 from tests.vmhosts import ssh_public_key

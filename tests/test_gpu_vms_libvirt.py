@@ -415,13 +415,13 @@ def test_gpu_domains_are_idempotent_against_libvirt(libvirt_host, host_root, tim
     pinning and UEFI must compare equal to what the builder makes, so a second run changes nothing.
     gpu_vm with a captured root never touches this machine's libvirt (issue 11), so the domain the
     module would define is built from the same planner and defined here with virsh."""
+    from gpuprov.core.vm_spec import HostSettings
     from gpuprov.facts.host import gather
     from gpuprov.facts.sysfs import Sysfs
-    from gpuprov.plan.domain import build_domain, to_xml
-    from gpuprov.plan.domain_compare import compare_domain_xml, diff_text
-    from gpuprov.plan.vm import domain_config, vm_paths
-    from gpuprov.plan.vm_fit import plan_host
-    from gpuprov.plan.vm_spec import HostSettings
+    from gpuprov.plan.vm.domain import build_domain, to_xml
+    from gpuprov.plan.vm.domain_compare import compare_domain_xml, diff_text
+    from gpuprov.plan.vm.fit import plan_host
+    from gpuprov.plan.vm.plan import domain_config, vm_paths
 
     name = f"gpuprov-test-{capture}"
     _cleanup_domain(name)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.apply.actions import apply
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.aptsources import edit_deb822, edit_one_line, plan_components
-from gpuprov.plan.base import apply
+from gpuprov.plan.guest.aptsources import edit_deb822, edit_one_line, plan_components
 from tests.conftest import tree_digest
 from tests.test_modules import bare_python as bare_python  # a fixture: re-exported for pytest
 from tests.test_modules import run_module

@@ -1,4 +1,4 @@
-"""The guest driver: facts (gpuprov.facts.driver_install), the planner (gpuprov.plan.guest_driver)
+"""The guest driver: facts (gpuprov.facts.driver_install), the planner (gpuprov.plan.guest.driver)
 and the module guest_driver in process (check mode: no python3-apt anywhere).
 
 The device machines' guests (Ubuntu 24.04, kernel 6.18.44-fc-v657-gpu, driver 580.159.04 from
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from gpuprov.facts.driver_install import read_guest_driver
+from gpuprov.facts.files import read_text
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.base import read_text
-from gpuprov.plan.guest_driver import (
+from gpuprov.plan.guest.driver import (
     NOUVEAU_CONF,
     NOUVEAU_TEXT,
     GuestDriverOptions,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.plan.keyring import KeyDataError, dearmor, fingerprints, normalize_fingerprint
+from gpuprov.plan.guest.keyring import KeyDataError, dearmor, fingerprints, normalize_fingerprint
 from tests.conftest import tree_digest
 from tests.test_modules import bare_python as bare_python  # a fixture: re-exported for pytest
 from tests.test_modules import run_module

@@ -1,5 +1,5 @@
 """The guest's container toolkit: facts (gpuprov.facts.guest_toolkit), the planner
-(gpuprov.plan.guest_toolkit) on small fake guests, and the module guest_toolkit in process
+(gpuprov.plan.guest.toolkit) on small fake guests, and the module guest_toolkit in process
 (tests/modrun.py; staged roots: commands are reported, never run)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gpuprov.core.plan import COMMAND
 from gpuprov.facts.containers import GENERATE_CDI, parse_cdi
 from gpuprov.facts.guest_toolkit import (
     APT_SOURCE,
@@ -24,8 +25,8 @@ from gpuprov.facts.guest_toolkit import (
     read_guest_toolkit,
 )
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.base import COMMAND
-from gpuprov.plan.guest_toolkit import (
+from gpuprov.plan.guest.keyring import dearmor, fingerprints
+from gpuprov.plan.guest.toolkit import (
     GuestToolkitOptions,
     GuestToolkitPlan,
     Key,
@@ -34,7 +35,6 @@ from gpuprov.plan.guest_toolkit import (
     filter_cdi_spec,
     plan_guest_toolkit,
 )
-from gpuprov.plan.keyring import dearmor, fingerprints
 from tests.conftest import tree_digest
 from tests.fakedocker import FakeDockerd
 from tests.fakehost import FakeHost
@@ -697,10 +697,10 @@ class FakeGuest:
         self.engines: list[FakeDockerd] = []
 
     def __call__(self, plan: Any, root: str = "/") -> Any:
-        from gpuprov.plan import base
+        from gpuprov.apply import actions
 
         sysfs_files = Path(root)
-        applied = base.Applied()
+        applied = actions.Applied()
         for action in plan.actions:
             if action.kind == COMMAND:
                 argv = " ".join(action.argv)
@@ -734,7 +734,7 @@ class FakeGuest:
                     (sysfs_files / "etc/cdi").mkdir(parents=True, exist_ok=True)
                     (sysfs_files / "etc/cdi/nvidia.yaml").write_text(cdi_spec(["0", "all"]))
             else:
-                base.write_file_atomic(str(sysfs_files / (action.path or "")), action.content or "", action.mode)
+                actions.write_file_atomic(str(sysfs_files / (action.path or "")), action.content or "", action.mode)
             applied.done.append(action.describe())
         return applied
 
@@ -742,12 +742,12 @@ class FakeGuest:
 @pytest.fixture
 def live(monkeypatch: pytest.MonkeyPatch) -> Callable[[FakeGuest], None]:
     """The staged root taken as the running guest, its commands simulated (the module is loaded per run)."""
+    from gpuprov.apply import actions
     from gpuprov.facts import sysfs as sysfs_module
-    from gpuprov.plan import base
 
     def use(fake: FakeGuest) -> None:
         monkeypatch.setattr(sysfs_module.Sysfs, "live", property(lambda self: True))
-        monkeypatch.setattr(base, "apply", fake)
+        monkeypatch.setattr(actions, "apply", fake)
 
     return use
 

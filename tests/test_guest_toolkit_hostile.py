@@ -9,10 +9,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuprov.core.plan import COMMAND, WRITE_FILE
 from gpuprov.facts.guest_toolkit import OFFLINE_SOURCE, read_guest_toolkit
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.base import COMMAND, WRITE_FILE
-from gpuprov.plan.guest_toolkit import GuestToolkitOptions, GuestToolkitPlan, Key, plan_guest_toolkit
+from gpuprov.plan.guest.toolkit import GuestToolkitOptions, GuestToolkitPlan, Key, plan_guest_toolkit
 from tests.fakehost import FakeHost
 
 BUDGET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

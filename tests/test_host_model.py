@@ -14,8 +14,8 @@ import yaml
 from gpuprov.cli.main import main
 from gpuprov.facts.host import HostFacts, gather
 from gpuprov.facts.sysfs import Sysfs
+from gpuprov.inputs.declaration import SCHEMA, check
 from gpuprov.model.resolve import resolve
-from gpuprov.model.schema import SCHEMA, check
 from tests.conftest import tree_digest
 from tests.fakehost import FakeHost
 from tests.vmhosts import GIB_KIB, add_numa

@@ -25,15 +25,16 @@ import pytest
 import yaml
 
 from gpuprov.cli.yamlread import MAX_BYTES
-from gpuprov.plan.vm_fit import plan_host
-from gpuprov.plan.vm_spec import HostSettings
-from gpuprov.rules.inputs import (
+from gpuprov.core.vm_spec import ROM_DIR, HostSettings
+from gpuprov.facts.vm_storage import rom_file_problem
+from gpuprov.inputs.boundary import (
     GPU_VMS_VARIABLES,
     validate_gpu_vgpu_options,
     validate_gpu_vm_options,
     validate_host_vars,
 )
-from gpuprov.rules.validate import ROM_DIR, Problems, cpu_list, rom_file_problem, ssh_key
+from gpuprov.inputs.validate import Problems, cpu_list, ssh_key
+from gpuprov.plan.vm.fit import plan_host
 from tests.conftest import tree_digest
 from tests.modrun import run_in_process
 from tests.vmhosts import nvidia_vgpu_host, ssh_public_key

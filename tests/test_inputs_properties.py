@@ -26,11 +26,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuprov.cli.main import main
-from gpuprov.plan.domain import build_domain, to_xml
-from gpuprov.plan.vm import domain_config, vm_paths
-from gpuprov.plan.vm_spec import FIRMWARES, STATES, Placement, VmSpec
-from gpuprov.rules.inputs import validate_gpu_vgpu_options, validate_gpu_vm_options, validate_host_vars
-from gpuprov.rules.validate import (
+from gpuprov.core.vm_spec import FIRMWARES, STATES, Placement, VmSpec
+from gpuprov.inputs.boundary import validate_gpu_vgpu_options, validate_gpu_vm_options, validate_host_vars
+from gpuprov.inputs.validate import (
     MAC_RE,
     MACHINE_RE,
     NETWORK_RE,
@@ -39,7 +37,9 @@ from gpuprov.rules.validate import (
     VENDOR_ID_RE,
     VM_NAME_RE,
 )
-from gpuprov.rules.vm_input import parse_vm
+from gpuprov.inputs.vm_list import parse_vm
+from gpuprov.plan.vm.domain import build_domain, to_xml
+from gpuprov.plan.vm.plan import domain_config, vm_paths
 from tests.conftest import tree_digest
 from tests.modrun import run_in_process
 from tests.test_inputs import BASE, REPO

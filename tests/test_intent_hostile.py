@@ -20,14 +20,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuprov.cli.main import main
+from gpuprov.core.vm_spec import HostSettings
 from gpuprov.facts.host import HostFacts, gather
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.facts.usage import guest_of_cmdline
+from gpuprov.inputs.validate import root_problem
 from gpuprov.model.convert import ConvertError, convert
 from gpuprov.model.resolve import resolve
-from gpuprov.plan.vm_fit import plan_host
-from gpuprov.plan.vm_spec import HostSettings
-from gpuprov.rules.validate import root_problem
+from gpuprov.plan.vm.fit import plan_host
 from tests.conftest import REPO, collections_path, tree_digest
 from tests.fakehost import FakeHost
 from tests.test_host_model import CONSOLE, H100, SRIOV, VGPU, build_host, declaration, vm

@@ -21,9 +21,9 @@ import yaml
 from dev.lab import common, debpkg, image
 from gpuprov.facts.host import gather
 from gpuprov.facts.sysfs import Sysfs
+from gpuprov.inputs.vm_list import parse_vm
 from gpuprov.model.resolve import resolve
-from gpuprov.plan import vm_host
-from gpuprov.rules.vm_input import parse_vm
+from gpuprov.plan.vm import host as vm_host
 from tests.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,14 +1,14 @@
 """What every planner module reports: "would ..." in check mode, and --diff entries for every
-action, runtime ones (sysfs writes, commands, libvirt ops) included (gpuprov.modsupport.finish)."""
+action, runtime ones (sysfs writes, commands, libvirt ops) included (gpuprov.modules.common.finish)."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from gpuprov.modsupport import planned
-from gpuprov.plan.base import COMMAND, Action, Plan, file_action, sysfs_write
-from gpuprov.plan.vm import START, DomainOp, VmPlan
+from gpuprov.core.plan import COMMAND, Action, Plan, file_action, sysfs_write
+from gpuprov.modules.common import planned
+from gpuprov.plan.vm.plan import START, DomainOp, VmPlan
 from tests.conftest import tree_digest
 from tests.modrun import run_in_process
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuprov.plan.vm_spec import VM_KEYS
+from gpuprov.core.vm_spec import VM_KEYS
 from tests.conftest import collections_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ def test_shared_options_and_results_come_from_the_fragments(name: str) -> None:
         assert f"{FQCN}.root" in extends
         # type and default are the fragment's; a module may only say more about what root means to it
         assert set(doc["options"].get("root", {})) <= {"description"}
-    if calls & {"finish", "finish_vm"}:  # modsupport.finish / virt.finish_vm: the plan, not_run, refusals result
+    if calls & {"finish", "finish_vm"}:  # modules.common.finish / virt.finish_vm: the plan, not_run, refusals result
         assert f"{FQCN}.plan" in extends
         shared = yaml.safe_load(fragment("plan").RETURN)
         returns = yaml.safe_load(docs["RETURN"])
@@ -180,7 +180,7 @@ def test_shared_options_and_results_come_from_the_fragments(name: str) -> None:
 
 
 def test_gpu_vm_documents_every_key_of_a_vm_entry(merged: dict[str, dict[str, Any]]) -> None:
-    """The vm suboptions are the keys gpuprov.rules.vm_input.parse_vm accepts (and so are gpuprov plan's)."""
+    """The vm suboptions are the keys gpuprov.inputs.vm_list.parse_vm accepts (and so are gpuprov plan's)."""
     suboptions = merged["gpu_vm"]["doc"]["options"]["vm"]["suboptions"]
     assert set(suboptions) == set(VM_KEYS)
     assert all(body.get("description") and body.get("type") for body in suboptions.values())

@@ -27,7 +27,7 @@ from gpuprov.cli.main import main
 from gpuprov.cli.table import ValueTable
 from gpuprov.cli.textsafe import safe_data, safe_text
 from gpuprov.facts import names
-from gpuprov.rules.validate import shown as shown_value
+from gpuprov.inputs.validate import shown as shown_value
 from tests.fakehost import FakeHost
 from tests.vmhosts import GIB_KIB, add_numa
 

@@ -206,7 +206,8 @@ def test_inspect_of_a_hostile_directory_root(root, outside, tmp_path, host_root)
 def test_a_plan_applied_on_a_staged_root_never_writes_through_its_links(tmp_path: Path) -> None:
     """A staged root whose etc/ is a link to a directory outside (absolute or climbing with ..):
     files the plan writes, replaces or removes land inside the root, never outside it."""
-    from gpuprov.plan.base import Plan, apply, file_action
+    from gpuprov.apply.actions import apply
+    from gpuprov.core.plan import Plan, file_action
 
     outside = tmp_path / "outside"
     outside.mkdir()

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.apply.actions import ApplyError, apply
+from gpuprov.facts.files import read_text
 from gpuprov.facts.host import gather
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.base import ApplyError, apply, read_text
-from gpuprov.plan.vfio import INITRAMFS_HOOK, MANAGED_FILES, MODPROBE_CONF, UDEV_RULES, VfioRequest, plan_vfio
+from gpuprov.plan.host.vfio import INITRAMFS_HOOK, MANAGED_FILES, MODPROBE_CONF, UDEV_RULES, VfioRequest, plan_vfio
 from tests.conftest import tree_digest
 
 

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from gpuprov.apply import vgpu as apply_vgpu
+from gpuprov.apply.actions import Applied
+from gpuprov.apply.vgpu import plan_host
+from gpuprov.core.plan import COMMAND, Action
 from gpuprov.facts.packages import Packages, dpkg_installed, read_packages, read_services
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.base import COMMAND, Action, Applied
-from gpuprov.plan.vgpu import VgpuPlan, VgpuRequest, plan_host
+from gpuprov.plan.vgpu import VgpuPlan, VgpuRequest
 from tests import vgpuhosts as vh
 from tests.modrun import run_in_process
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpuprov.apply.vgpu import converge, wait_for_vfs
+from gpuprov.apply.actions import ApplyError, apply
+from gpuprov.apply.vgpu import converge, plan_host, wait_for_vfs
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.base import ApplyError, apply
 from gpuprov.plan.vgpu import (
     BOOT_UNIT,
     MDEVCTL_RULE,
@@ -26,7 +26,6 @@ from gpuprov.plan.vgpu import (
     VgpuRequest,
     derived_uuid,
     mdevctl_definition,
-    plan_host,
     registry_value,
 )
 from tests import vgpuhosts as vh

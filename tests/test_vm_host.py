@@ -10,7 +10,8 @@ import yaml
 from gpuprov.facts.driver_install import GuestOs
 from gpuprov.facts.packages import Packages, Services
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.vm_host import PACKAGES, PYTHON_PACKAGES, VmHostFacts, plan_vm_host, read_vm_host
+from gpuprov.modules.gpu_vm_host import read_vm_host
+from gpuprov.plan.vm.host import PACKAGES, PYTHON_PACKAGES, VmHostFacts, plan_vm_host
 from tests.conftest import REPO, tree_digest
 from tests.modrun import run_in_process
 

@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from gpuprov.cli.main import main
+from gpuprov.core.vm_spec import HostSettings
 from gpuprov.facts.host import HostFacts, gather
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.vm_fit import plan_host
-from gpuprov.plan.vm_spec import HostSettings
-from gpuprov.rules.vm_input import default_mdev_uuid
+from gpuprov.inputs.vm_list import default_mdev_uuid
+from gpuprov.plan.vm.fit import plan_host
 from tests.conftest import tree_digest
 from tests.fakehost import FakeHost
 from tests.vmhosts import GIB_KIB, add_numa, nvidia_vgpu_host, sriov_vgpu_host, two_node_host

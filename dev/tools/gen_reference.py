@@ -717,7 +717,7 @@ def render_findings() -> str:
 
 def host_schema() -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
-    from gpuprov.model.schema import SCHEMA
+    from gpuprov.inputs.declaration import SCHEMA
 
     return SCHEMA
 
@@ -729,7 +729,7 @@ def render_host_schema_json() -> str:
 def render_host_schema() -> str:
     schema = host_schema()
     lines = [
-        HEADER.format(src="gpuprov/model/schema.py"),
+        HEADER.format(src="gpuprov/inputs/declaration.py"),
         "",
         "# The host declaration's schema",
         "",
@@ -742,6 +742,81 @@ def render_host_schema() -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------
+# docs/development/layout.md: the tree's own docstrings, in the layers' order (dev/tools/house.py)
+
+
+def first_paragraph(path: Path) -> str:
+    """A module's or package's docstring up to its first blank line, on one line."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+# The development tree: each folder and what is in it (the folders have no docstrings of their own).
+DEV_TREE = {
+    "dev/lab/": "the emulated lab host (`python -m dev.lab up|ssh|status|down`): QEMU TCG, OVMF, Debian's kernel, "
+    "emulated PCI devices behind an Intel IOMMU ([lab.md](lab.md))",
+    "dev/emuhost/": "boots emulated q35 + Intel IOMMU hosts in several PCI topologies and captures them",
+    "dev/bench/": "the benchmarks: inspect against lspci, the fleet, the lab's no-op run "
+    "([benchmarks.md](benchmarks.md))",
+    "dev/device/": "the GPU guests' scripts (the guest and container stages on the device machines)",
+    "dev/tools/": "the collection build, this generator, the house's rules (`house.py`), the multi-GPU probe",
+    "tests/": "pytest, in folders by layer (below); `tests/fixtures/` holds captured hosts and recorded outputs",
+    "molecule/": "the roles' scenarios (docker driver; `lab` and `lab_boot` boot the emulated lab host)",
+    "scripts/": "the README's entry points: bootstrap, main.sh (the main job), test.sh (every test, CI)",
+    "plugins/, roles/, playbooks/, collection/": "the Ansible side, assembled into the collection gpuprov.kvm "
+    "([collection.md](../collection.md))",
+}
+
+
+def render_layout() -> str:
+    sys.path.insert(0, str(ROOT))
+    from dev.tools.house import LAYERS, PACKAGE
+
+    lines = [
+        HEADER.format(src="the package's docstrings and dev/tools/house.py"),
+        "",
+        "# How it is built",
+        "",
+        "```",
+        "core <- facts <- rules <- inputs <- verify <- plan <- model <- apply <- report <- modules <- cli",
+        "```",
+        "",
+        "The package's folders are its layers, in import order: a module imports its own layer and the",
+        "ones before it, never one after, and no two modules import each other (tests/test_layers.py).",
+        "Only `apply/` writes (files, sysfs, commands, libvirt); the few other writers are named with",
+        "their reason in `dev/tools/house.py`. Everything outside `cli/` is standard library only: it",
+        "ships to targets as the collection's `module_utils`. What the package depends on, and why:",
+        "[dependencies.md](dependencies.md).",
+        "",
+    ]
+    for name in LAYERS:
+        folder = PACKAGE / name
+        lines += [f"## `gpuprov/{name}/`", "", first_paragraph(folder / "__init__.py"), ""]
+        rows = []
+        for path in sorted(folder.rglob("*.py")):
+            if path.name == "__main__.py" or (path.name == "__init__.py" and path.parent == folder):
+                continue
+            shown = path.relative_to(folder).as_posix()
+            shown = shown.removesuffix("/__init__.py") + "/" if path.name == "__init__.py" else shown
+            rows.append([f"`{shown}`", cell(first_paragraph(path))])
+        lines += table(["file", "what it is"], rows)
+        lines.append("")
+    top = [p for p in sorted(PACKAGE.glob("*.py"))]
+    lines += ["## The package's top", ""]
+    lines += table(["file", "what it is"], [[f"`{p.name}`", cell(first_paragraph(p))] for p in top])
+    lines += ["", "## Around the package", ""]
+    lines += table(["folder", "what is in it"], [[f"`{k}`", cell(v)] for k, v in DEV_TREE.items()])
+    tests = sorted(p for p in (ROOT / "tests").iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    if tests:
+        lines += ["", "### tests/, by layer", ""]
+        lines += table(
+            ["folder", "what it tests"],
+            [[f"`tests/{p.name}/`", cell(first_paragraph(p / "__init__.py"))] for p in tests],
+        )
+    return "\n".join(lines) + "\n"
+
+
 GENERATORS = {
     "gpuprov-host.schema.json": render_host_schema_json,
     "host-schema.md": render_host_schema,
@@ -750,6 +825,7 @@ GENERATORS = {
     "cli.md": render_cli,
     "schemas.md": render_schemas,
     "findings.md": render_findings,
+    "../development/layout.md": render_layout,
 }
 
 

@@ -1,4 +1,4 @@
-"""Carrying out a VM plan's libvirt steps (:class:`~gpuprov.plan.vm.DomainOp`): start a
+"""Carrying out a VM plan's libvirt steps (:class:`~gpuprov.plan.vm.plan.DomainOp`): start a
 network, define, set autostart, start, shut down (ACPI, then power off), destroy,
 undefine; then wait for the guest's address.
 
@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ..facts.libvirt import bindings, leases
-from ..plan.vm import AUTOSTART, DEFINE, DESTROY, SHUTDOWN, START, START_NETWORK, UNDEFINE, VmPlan
+from ..plan.vm.plan import AUTOSTART, DEFINE, DESTROY, SHUTDOWN, START, START_NETWORK, UNDEFINE, VmPlan
 
 
 def _shutdown(dom: Any, timeout: float, libvirt: Any) -> str:

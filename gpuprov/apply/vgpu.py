@@ -13,12 +13,40 @@ import json
 import sys
 import time
 
-from ..facts.mig import Runner
+from ..apply.actions import Applied, apply
+from ..core.plan import Plan
+from ..facts.host import HostFacts, gather
+from ..facts.mig import MigFacts, Runner, read_mig
+from ..facts.packages import read_packages
 from ..facts.sysfs import Sysfs
-from ..facts.vgpu_inputs import STATE_FILE
-from ..plan.base import Applied, Plan, apply
-from ..plan.vgpu.config import VgpuPlan, VgpuRequest
-from ..plan.vgpu.plan import plan_host
+from ..facts.vgpu_inputs import STATE_FILE, HostInputs, read_inputs, read_runner_sha256
+from ..inputs.vgpu_request import VgpuPlan, VgpuRequest
+from ..plan.vgpu.plan import MDEVCTL_PACKAGE, plan_vgpu
+
+
+def read_host(
+    sysfs: Sysfs, request: VgpuRequest, run: Runner | None = None, facts: HostFacts | None = None
+) -> tuple[HostFacts, HostInputs, MigFacts | None]:
+    """What :func:`plan_vgpu` needs, read below the root: the host's facts, its vGPU inputs, and MIG's
+    state when a GPU asks for MIG."""
+    facts = facts if facts is not None else gather(sysfs)
+    inputs = read_inputs(sysfs, facts)
+    gpus = request.gpus if isinstance(request.gpus, dict) else {}
+    uses = {v.get("use") for v in gpus.values() if isinstance(v, dict)}
+    if request.runner_sha256 and not request.boot:
+        inputs.boot_runner_sha256 = read_runner_sha256(sysfs)
+    if request.install_mdevctl and "mdev" in uses and "mdevctl" not in inputs.tools:
+        inputs.packages = read_packages(sysfs, [MDEVCTL_PACKAGE])
+    return facts, inputs, (read_mig(sysfs, run) if "mig" in uses else None)
+
+
+def plan_host(
+    sysfs: Sysfs, request: VgpuRequest, run: Runner | None = None, facts: HostFacts | None = None
+) -> VgpuPlan:
+    """Read the host (:func:`read_host`), then plan. ``facts``: the host's, when the caller has read
+    them (to resolve a declaration) already."""
+    facts, inputs, mig = read_host(sysfs, request, run, facts)
+    return plan_vgpu(facts, request, inputs, mig)
 
 
 def wait_for_vfs(sysfs: Sysfs, pfs: list[str], timeout: float = 30.0) -> None:

@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from .main import EXIT_OK, UsageError, host_root, read_input
+from .common import EXIT_OK, UsageError, host_root, read_input
 
 HEADER = "# Written by `gpuprov {command}`{source}: check each use, then keep it in the host's host_vars.\n"
 
@@ -109,7 +109,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(_args: argparse.Namespace) -> int:
-    from ..model.schema import SCHEMA
+    from ..inputs.declaration import SCHEMA
 
     json.dump(SCHEMA, sys.stdout, indent=2)
     sys.stdout.write("\n")

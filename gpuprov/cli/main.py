@@ -11,54 +11,10 @@ import importlib
 import os
 import sys
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from .. import __version__
-
-EXIT_OK, EXIT_BAD_INPUT, EXIT_NOT_READY = 0, 2, 3
-
-
-class UsageError(Exception):
-    """Bad input: the message names the problem and the fix."""
-
-
-@contextmanager
-def host_root(root: str) -> Iterator[str]:
-    """A directory to read the host from: ``/``, a directory, or a capture tarball.
-
-    A tarball is unpacked by :mod:`gpuprov.cli.rootfs` (the one safe way into a capture) into a
-    temporary directory, removed afterwards whatever happens.
-    """
-    from . import rootfs
-
-    if rootfs.is_capture_file(root):
-        try:
-            with rootfs.unpacked(root) as tmp:
-                yield tmp
-        except rootfs.CaptureRefused as exc:
-            raise UsageError(str(exc)) from None
-        return
-    from ..rules.validate import root_problem
-
-    problem = root_problem(root, "--root")  # the one check, the modules' `root` too
-    if problem:
-        raise UsageError(problem)
-    yield root
-
-
-def _addresses(values: list[str], option: str) -> list[str]:
-    from ..facts.pci import PciAddressError, normalize_address
-
-    out = []
-    for value in values:
-        try:
-            out.append(normalize_address(value))
-        except PciAddressError as exc:
-            raise UsageError(f"{option}: {exc}") from None
-    return out
-
+from .common import EXIT_BAD_INPUT, EXIT_NOT_READY, EXIT_OK, UsageError, addresses, host_root, read_input
 
 # ---------------------------------------------------------------- inspect
 
@@ -71,8 +27,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from ..report.inspect import build_report
     from ..rules.assess import assess
 
-    named = _addresses(args.device, "--device")
-    require = [] if args.require_ready == ["all"] else _addresses(args.require_ready, "--require-ready")
+    named = addresses(args.device, "--device")
+    require = [] if args.require_ready == ["all"] else addresses(args.require_ready, "--require-ready")
     doc = read_input(args.declaration) if args.declaration else None
     with host_root(args.root) as root:
         sysfs = Sysfs(root)
@@ -124,16 +80,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 )
         return EXIT_NOT_READY
     return EXIT_OK
-
-
-def read_input(path: str) -> Any:
-    """A YAML input file (a host_vars file, a declaration), or exit 2 naming what is wrong with it."""
-    from .yamlread import YamlInputError, read_yaml
-
-    try:
-        return read_yaml(path)
-    except YamlInputError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def _declared_uses(source: str, doc: Any, facts: Any) -> tuple[dict[str, dict[str, str]], list[str]]:

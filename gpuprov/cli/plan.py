@@ -8,9 +8,9 @@ mapping with ``gpu_vms_list`` (and optionally ``gpu_vms_defaults``,
 ``gpu_vms_reserved_memory_mib``, ``gpu_vms_reserved_cpus``,
 ``gpu_vms_mixed_vgpu_types``), such as the host's host_vars file. Every problem
 is printed at once; the exit status is 3 when there is any. A file that breaks
-the input rules (:mod:`gpuprov.rules.inputs`, docs/reference/inputs.md) is exit 2,
+the input rules (:mod:`gpuprov.inputs.boundary`, docs/reference/inputs.md) is exit 2,
 with every problem named by its field.
-Read-only. The rules live in :mod:`gpuprov.plan.vm_fit`; the module gpu_vm applies the
+Read-only. The rules live in :mod:`gpuprov.plan.vm.fit`; the module gpu_vm applies the
 same ones.
 """
 
@@ -87,19 +87,20 @@ def input_problems(source: str, problems: list[Any]) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from ..core.plan import Refusal
+    from ..core.vm_spec import ROM_DIR
     from ..facts.host import cpu_count, gather
     from ..facts.sysfs import Sysfs
     from ..facts.vm_storage import rom_problems
+    from ..inputs.boundary import HOST_VARS_SETTINGS
+    from ..inputs.validate import Problems
+    from ..inputs.vm_list import check_settings
     from ..model.resolve import resolve
-    from ..plan.base import Refusal
     from ..plan.vgpu import declared_mdevs
-    from ..plan.vm_fit import check_declared_mdevs, plan_host
+    from ..plan.vm.fit import check_declared_mdevs, plan_host
     from ..report import write_json
     from ..report.plan import plan_report
-    from ..rules.inputs import HOST_VARS_SETTINGS
-    from ..rules.validate import ROM_DIR, Problems
-    from ..rules.vm_input import check_settings
-    from .main import EXIT_NOT_READY, EXIT_OK, UsageError, host_root, read_input
+    from .common import EXIT_NOT_READY, EXIT_OK, UsageError, host_root, read_input
 
     doc = read_input(args.vms)
     with host_root(args.root) as root:

@@ -15,29 +15,7 @@ import sys
 from typing import Any
 
 # What each relation of a device to its GPU means, for people.
-RELATION_TEXT = {
-    "companion": "companion (passed with the GPU)",
-    "bridge": "port in the group (stays with the host)",
-    "group member": "shares the IOMMU group",
-}
-
-
-def device_label(entry: dict[str, Any]) -> str:
-    """``0000:41:00.0 NVIDIA ... [10de:2330]``: the id is added when the name is not already it."""
-    name = entry["name"]
-    return f"{entry['address']} {name}" + ("" if name == f"[{entry['id']}]" else f" [{entry['id']}]")
-
-
-def gpu_details(entry: dict[str, Any]) -> str:
-    group = "no IOMMU group" if entry["iommu_group"] is None else f"IOMMU group {entry['iommu_group']}"
-    return f"driver {entry['driver'] or 'none'}, {group}"
-
-
-def node_title(node: dict[str, Any]) -> str:
-    if node["node"] is None:
-        return "NUMA node not reported (numa_node -1: one node, or firmware without SRAT)"
-    cpus = f" (CPUs {node['cpulist']})" if node["cpulist"] else ""
-    return f"NUMA node {node['node']}{cpus}"
+from .topology_labels import RELATION_TEXT, device_label, gpu_details, node_title
 
 
 def print_topology(document: dict[str, Any], console: Any = None) -> None:
@@ -86,9 +64,9 @@ def cmd_topology(args: argparse.Namespace) -> int:
     from ..facts.sysfs import Sysfs
     from ..report import write_json
     from ..report.topology import build_topology
-    from .main import EXIT_OK, UsageError, _addresses, host_root
+    from .common import EXIT_OK, UsageError, addresses, host_root
 
-    extra = _addresses(args.device, "--device")
+    extra = addresses(args.device, "--device")
     with host_root(args.root) as root:
         facts = gather(Sysfs(root))
     missing = [a for a in extra if a not in facts.pci]

@@ -17,7 +17,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from .textsafe import safe_text
-from .topology import RELATION_TEXT, device_label, gpu_details, node_title
+from .topology_labels import RELATION_TEXT, device_label, gpu_details, node_title
 
 # Colours; GPU_FILL is what the browser test looks for in the screenshot (tests/test_topology.py).
 GPU_FILL, GPU_STROKE = "#76b900", "#3d6000"

@@ -119,7 +119,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ..verify.checks import evaluate
     from ..verify.gather import gather
     from ..verify.options import nvml_for, option_error
-    from .main import UsageError, host_root
+    from .common import UsageError, host_root
 
     live = args.root == "/"
     error = option_error(live, bench=args.bench, image=args.image, gpu_source=args.gpu_source)

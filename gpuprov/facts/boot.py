@@ -2,7 +2,7 @@
 GRUB's defaults file and drop-ins, which of GRUB's tools (update-grub, grub2-mkconfig,
 grub-mkconfig) and grubby are installed under the root, and what grubby shows as the default
 entry's arguments (docs/reference/kernel-cmdline.md). Read through :class:`Sysfs`; grubby's
-view is a command run on the live host only. plan/cmdline.py decides what to change.
+view is a command run on the live host only. plan/host/cmdline.py decides what to change.
 """
 
 from __future__ import annotations

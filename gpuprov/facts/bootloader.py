@@ -3,7 +3,7 @@ and how it takes a one-shot entry, the default entry's kernel line, the initramf
 built from, the hardware watchdogs, this boot's id and the trial state gpuprov keeps.
 
 Read through :class:`Sysfs` (captured and staged roots work); nothing here runs a command.
-plan/boot_trial.py decides what to change.
+plan/host/boot_trial.py decides what to change.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def _small_int(text: str) -> int:
     return int(text)
 
 
-# The trial record's fields as gpuprov writes them (plan/boot_trial.py _arm, _failed_record):
+# The trial record's fields as gpuprov writes them (plan/host/boot_trial.py _arm, _failed_record):
 # name -> (types, the longest text). Fields not listed are dropped, never used.
 _STATE_TEXT = 4096
 _STATE_FIELDS: dict[str, tuple[tuple[type, ...], int]] = {
@@ -424,3 +424,13 @@ def gather_boot_inputs(sysfs: Sysfs, expect_vfio: list[str], trial_check: list[s
         if trial_check and sysfs.live:
             inputs.checks.user_check = run_trial_check(trial_check)
     return inputs
+
+
+def initramfs_tools(sysfs: Sysfs) -> list[str]:
+    """The initramfs tools installed below the root."""
+    found = []
+    if any(sysfs.exists(p) for p in ("usr/sbin/update-initramfs", "sbin/update-initramfs")):
+        found.append("initramfs-tools")
+    if any(sysfs.exists(p) for p in ("usr/bin/dracut", "usr/sbin/dracut", "sbin/dracut")):
+        found.append("dracut")
+    return found

@@ -1,7 +1,7 @@
 """How the NVIDIA driver of a guest is installed: its user-space libraries' version, the
 distribution packages (dpkg's status file, read as a file: no python3-apt), NVIDIA's ``.run``
 installer, and the distribution the guest runs. With :func:`gpuprov.facts.driver.read_driver`
-(the kernel module) these are the facts :mod:`gpuprov.plan.guest_driver` plans from.
+(the kernel module) these are the facts :mod:`gpuprov.plan.guest.driver` plans from.
 """
 
 from __future__ import annotations

@@ -56,3 +56,8 @@ def read_regular(path: str, limit: int, *, follow_links: bool = True) -> bytes:
     if len(data) > limit:
         raise TooLarge(None)
     return data
+
+
+def read_text(sysfs: Sysfs, rel: str) -> str | None:
+    """A managed file's exact text (not stripped), None when absent (:meth:`Sysfs.read_text`)."""
+    return sysfs.read_text(rel)

@@ -2,7 +2,7 @@
 and their configuration, the toolkit's packages, the CDI specs, NVIDIA's repository files and
 the offline repository the role writes, and when each running engine started (a configuration
 written after that is not in force yet). With :mod:`gpuprov.facts.driver_install` (the
-distribution, dpkg's status file) these are the facts :mod:`gpuprov.plan.guest_toolkit` plans
+distribution, dpkg's status file) these are the facts :mod:`gpuprov.plan.guest.toolkit` plans
 from; everything through :class:`Sysfs`, so a staged root works the same.
 """
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .domains import read_running
 from .evidence import MissingEvidence
+from .files import read_text
 from .host import HostFacts
 from .packages import Packages
 from .sysfs import Sysfs
@@ -50,11 +51,6 @@ class HostInputs:
     old_boot_files: dict[str, str] = field(default_factory=dict)  # the .py files under OLD_BOOT_LIB
     boot_runner_sha256: str | None = None  # BOOT_PYZ's sha256, when asked for (read_runner_sha256)
     packages: Packages | None = None  # the package manager's word on mdevctl, when asked for
-
-
-def read_text(sysfs: Sysfs, rel: str) -> str | None:
-    """A managed file's exact text (not stripped), None when absent (:meth:`Sysfs.read_text`)."""
-    return sysfs.read_text(rel)
 
 
 def _mdevctl_rule(sysfs: Sysfs) -> tuple[str, str] | None:

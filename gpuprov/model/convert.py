@@ -14,12 +14,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..core.plan import Plan
 from ..facts.host import HostFacts
 from ..facts.pci import PciAddressError, normalize_address
-from ..plan.base import Plan
-from ..plan.vgpu.config import parse_gpus
-from ..rules.inputs import validate_host_vars
-from ..rules.validate import shown
+from ..inputs.boundary import validate_host_vars
+from ..inputs.validate import shown
+from ..inputs.vgpu_request import parse_gpus
 from . import formats
 from .legacy import OLD_VARIABLES
 

@@ -8,7 +8,7 @@ the index mig-parted and nvidia-smi count: NVIDIA GPUs in PCI address order).
 What is accepted, what is refused and why: docs/reference/formats.md.
 
 Pure functions over plain data (a parsed YAML document, maybe hostile): every problem is a
-:class:`~gpuprov.plan.base.Refusal` naming the config and the field, never an exception;
+:class:`~gpuprov.core.plan.Refusal` naming the config and the field, never an exception;
 every collection is bounded before it is iterated. Nothing is returned when anything is
 refused (fail closed: half a layout file is not the file). Ships to targets with the
 modules; standard library only.
@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..plan.base import Refusal
-from ..rules.validate import (
+from ..core.plan import Refusal
+from ..inputs.declaration import LAYOUT_PATTERN
+from ..inputs.validate import (
     MAX_GPUS,
     MAX_INSTANCES,
     MAX_MIG_INSTANCES,
@@ -35,7 +36,6 @@ from ..rules.validate import (
     shown,
     text,
 )
-from .schema import LAYOUT_PATTERN
 
 FORMAT_VERSION = "v1"  # the only version either tool defines
 MAX_CONFIGS = 1024  # named configs in one file

@@ -3,7 +3,7 @@
 ``vfio_host_devices``. Deprecated (docs/reference/host-model.md, "The old variables"): they
 still work, with a warning, and ``gpuprov convert`` writes the new form. Their rules are the
 same as the new form's: a VM gets a whole GPU only when it is declared ``use: passthrough``
-(:func:`gpuprov.plan.vm_fit.check_declared_uses`), and a VM's mdev without a UUID takes the
+(:func:`gpuprov.plan.vm.fit.check_declared_uses`), and a VM's mdev without a UUID takes the
 layout's UUID (one scheme) when the layout declares it. Standard library only.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 from ..facts.host import HostFacts
 from ..facts.pci import PciAddressError, normalize_address
+from ..inputs.boundary import validate_host_vars
 from ..plan.vgpu.mdev import mdev_uuids
-from ..rules.inputs import validate_host_vars
-from .resolve import HostModel
+from .host_model import HostModel
 
 OLD_VARIABLES = ("gpuprov_gpus", "gpu_vms_list", "vfio_host_devices")
 DEPRECATED = (

@@ -10,7 +10,7 @@ declaration it derives everything the stages need (docs/reference/host-model.md)
 - ``layout``: the vGPU layout in gpuprov_gpus form (role vgpu_host, module gpu_vgpu), every mdev
   with its UUID (one scheme: :func:`gpuprov.plan.vgpu.mdev_uuids`, the one vgpu_host makes);
 - ``vm_list``: each VM with the addresses, mdevs and VFs its names stand for (role gpu_vms);
-- ``declared``: address -> its use and entry, which :func:`gpuprov.plan.vm_fit.plan_host` checks
+- ``declared``: address -> its use and entry, which :func:`gpuprov.plan.vm.fit.plan_host` checks
   every VM's devices against (a VM gets a whole GPU only with ``use: passthrough``).
 
 The old variables (``gpuprov_gpus``, ``gpu_vms_list``, ``vfio_host_devices``) are read by
@@ -23,17 +23,17 @@ only (ships to targets with the modules).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..core.plan import Refusal
+from ..core.vm_spec import HostSettings
 from ..facts.host import HostFacts
 from ..facts.pci import PciAddressError, normalize_address
-from ..plan.base import Refusal
+from ..inputs.declaration import ROOT, check
+from ..inputs.validate import shown
 from ..plan.vgpu.mdev import mdev_uuids
 from ..plan.vgpu.sriov import resolve_vgpu_type, vgpu_type_names
-from ..plan.vm_spec import HostSettings
-from ..rules.validate import shown
-from .schema import ROOT, check
+from .host_model import DeclaredGpu, HostModel, Instance
 
 NVIDIA = 0x10DE
 VGPU_USES = ("mdev", "sriov_vgpu")
@@ -48,63 +48,6 @@ OLD_FORM = (
     "gpu_vms_reserved_cpus",
     "gpu_vms_mixed_vgpu_types",
 )
-
-
-@dataclass
-class Instance:
-    """A vGPU instance a VM can be given by name."""
-
-    name: str
-    gpu: str  # its entry's name
-    parent: str  # the GPU's address (or a non-PCI mdev parent's name)
-    type: str | int  # as declared
-    uuid: str | None = None  # mdev: given or derived (the layout's scheme)
-    type_id: str | int | None = None  # mdev: the type directory; sriov_vgpu: the numeric vGPU type
-    vf: str | None = None  # sriov_vgpu: the VF it is set on
-
-
-@dataclass
-class DeclaredGpu:
-    name: str
-    use: str
-    where: str  # how messages name it: gpuprov_host.gpus[1] 'train'
-    addresses: list[str] = field(default_factory=list)
-    instances: list[Instance] = field(default_factory=list)
-    mig: Any = None
-
-
-@dataclass
-class HostModel:
-    gpus: list[DeclaredGpu] = field(default_factory=list)
-    layout: dict[str, dict[str, Any]] = field(default_factory=dict)  # gpuprov_gpus form
-    vfio_devices: list[str] = field(default_factory=list)
-    vm_list: list[dict[str, Any]] = field(default_factory=list)  # gpu_vms_list form, defaults merged
-    vm_path: str = "gpuprov_host.vms"
-    settings: HostSettings = field(default_factory=HostSettings)
-    declared: dict[str, dict[str, str]] = field(default_factory=dict)  # address -> {use, entry}
-    problems: list[Refusal] = field(default_factory=list)
-    refusals: list[Refusal] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    legacy: bool = False
-
-    @property
-    def checked_uses(self) -> dict[str, dict[str, str]] | None:
-        """What VMs' devices are checked against; None for an old-style VM list without gpuprov_gpus."""
-        return None if self.legacy and not self.layout else self.declared
-
-    def derived(self) -> dict[str, Any]:
-        """What the roles take (the module gpu_host_model's ``gpuprov_model`` fact)."""
-        return {
-            "vfio_devices": self.vfio_devices,
-            "gpus": self.layout,
-            "vms": self.vm_list,
-            "declared": self.declared,
-            "settings": asdict(self.settings),
-            "names": {g.name: g.addresses for g in self.gpus},
-            "instances": {i.name: asdict(i) for g in self.gpus for i in g.instances},
-            "legacy": self.legacy,
-            "warnings": self.warnings,
-        }
 
 
 def is_declaration(doc: Any) -> bool:
@@ -150,8 +93,8 @@ def resolve(doc: Any, facts: HostFacts, *, cpu_limit: int | None = None) -> Host
 
 def host_settings(values: dict[str, Any], names: dict[str, str], model: HostModel) -> HostSettings:
     """The host settings from ``values`` (keys of HOST_SETTINGS), checked; ``names``: how messages name them."""
-    from ..rules.validate import Problems
-    from ..rules.vm_input import check_settings
+    from ..inputs.validate import Problems
+    from ..inputs.vm_list import check_settings
 
     reserved = values.get("reserved_cpus", "0")
     settings = HostSettings(
@@ -464,7 +407,7 @@ def _vgpu_types(facts: HostFacts, model: HostModel) -> None:
 
 
 def _vms(host: dict[str, Any], model: HostModel, cpu_limit: int | None) -> None:
-    from ..rules.inputs import vm_list_problems
+    from ..inputs.boundary import vm_list_problems
 
     by_gpu = {g.name: g for g in model.gpus}
     by_instance = {i.name: (g, i) for g in model.gpus for i in g.instances}

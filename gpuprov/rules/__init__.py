@@ -1,1 +1,2 @@
-"""Rules: the safety rules that judge facts, and the one boundary every input passes."""
+"""Rules: the safety verdicts that judge facts (docs/concepts/safety-rules.md): a GPU's passthrough
+readiness (``assess``) and its verdict for the use its host declares (``intent``). Pure."""

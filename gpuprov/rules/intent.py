@@ -1,7 +1,7 @@
 """A GPU's verdict for the use its host declares (docs/reference/host-model.md, "inspect").
 
 :func:`gpuprov.rules.assess.assess_gpu` judges a GPU for passthrough. With a declaration
-(:class:`gpuprov.model.resolve.HostModel`) each declared GPU is judged for its own use instead:
+(:class:`gpuprov.model.host_model.HostModel`) each declared GPU is judged for its own use instead:
 
 - ``passthrough``: the passthrough verdict, except that a GPU a running libvirt domain holds is
   in use by that VM: a state, not a blocker;

@@ -12,26 +12,17 @@ Standard library only (ships to targets with the modules).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..core.vm_spec import ConsoleCheck
 from ..facts.sysfs import Sysfs
 
 POLL_SECONDS = 2.0
 TAIL_LINES = 20
 # How much of the log a failure message quotes.
 QUOTE_CHARS = 1500
-
-
-@dataclass(frozen=True)
-class ConsoleCheck:
-    """Wait until ``wait_for`` matches the log (at most ``timeout`` s), then every ``expect``."""
-
-    wait_for: re.Pattern[str]
-    timeout: int
-    expect: tuple[re.Pattern[str], ...] = ()
 
 
 @dataclass

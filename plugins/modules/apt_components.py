@@ -85,8 +85,8 @@ not_run:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, refuse_bad_root
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.aptsources import plan_components
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest.aptsources import plan_components
 
 
 def main() -> None:

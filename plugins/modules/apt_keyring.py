@@ -106,8 +106,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.files import file_state
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, refuse_bad_root
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.keyring import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest.keyring import (
     KeyDataError,
     fetch_failed,
     load_key,

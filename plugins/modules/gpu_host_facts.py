@@ -101,9 +101,9 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.pci import PciAddressError, normalize_address
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.inputs.validate import root_problem
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.report.inspect import build_report
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.assess import assess
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.validate import root_problem
 
 
 def main() -> None:

@@ -161,7 +161,7 @@ refusals:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_model import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_host_model import (
     checked_root,
     declaration,
     resolve_or_refuse,

@@ -116,7 +116,7 @@ model_root:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_plan import CONCERNS, plan_ahead
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_host_plan import CONCERNS, plan_ahead
 
 
 def main() -> None:

@@ -417,18 +417,18 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.core.plan import Plan
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import cpu_count, gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import refuse_bad_root, warn_or_refuse
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_vm import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.inputs.boundary import validate_gpu_vm_options
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import refuse_bad_root, warn_or_refuse
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_vm import (
     finish_vm,
     open_libvirt,
     plan_gpu_vm,
     plan_install,
     vm_result,
 )
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import Plan
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.inputs import validate_gpu_vm_options
 
 
 def main() -> None:

@@ -105,8 +105,9 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, refuse_bad_root
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vm_host import plan_vm_host, read_vm_host
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_vm_host import read_vm_host
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vm.host import plan_vm_host
 
 
 def main() -> None:

@@ -175,12 +175,12 @@ import re
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.driver import read_driver
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.driver_install import read_guest_driver
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.files import read_text
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.gpus import run_nvidia_smi
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, refuse_bad_root
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.aptsources import plan_components
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import read_text
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest_driver import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest.aptsources import plan_components
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest.driver import (
     NOUVEAU_CONF,
     GuestDriverOptions,
     RhelRepo,

@@ -258,6 +258,8 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.apply.actions import ApplyError, apply
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.core.plan import Plan, file_action
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.containers import DAEMON_JSON
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.docker_api import (
     EngineError,
@@ -278,13 +280,17 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.guest_to
 )
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.packages import read_services
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import (
     failed_result,
     refuse_bad_root,
     warn_or_refuse,
 )
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.base import ApplyError, Plan, apply, file_action
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest_toolkit import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest.keyring import (
+    KeyDataError,
+    fetch_failed,
+    load_key,
+)
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest.toolkit import (
     CDI_STAGING,
     DOCKERD_LOG,
     PARTS,
@@ -295,11 +301,6 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest_too
     filter_cdi_spec,
     plan_guest_toolkit,
     toolkit_packages,
-)
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.keyring import (
-    KeyDataError,
-    fetch_failed,
-    load_key,
 )
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.verify.gather import import_optional, query_gpus
 

@@ -187,16 +187,14 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov import modsupport_boot
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, finish_failed
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import iommu_boot
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, finish_failed
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=modsupport_boot.ARGUMENT_SPEC, supports_check_mode=True, **modsupport_boot.RULES
-    )
+    module = AnsibleModule(argument_spec=iommu_boot.ARGUMENT_SPEC, supports_check_mode=True, **iommu_boot.RULES)
     p = module.params
-    plan, extra = modsupport_boot.plan(p)
+    plan, extra = iommu_boot.plan(p)
     if plan.failure:
         finish_failed(module, plan, p["root"], plan.failure, **extra)
     finish(module, plan, p["root"], **extra)

@@ -132,8 +132,8 @@ refusals:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.boot import gather
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish, refuse_bad_root
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.cmdline import (
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.host.cmdline import (
     CmdlinePlan,
     build_request,
     choose_bootloader,

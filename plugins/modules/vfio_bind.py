@@ -144,17 +144,15 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov import modsupport_vfio
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport import finish
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modsupport_model import resolve_or_refuse
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import vfio_bind
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_host_model import resolve_or_refuse
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=modsupport_vfio.ARGUMENT_SPEC, supports_check_mode=True, **modsupport_vfio.RULES
-    )
+    module = AnsibleModule(argument_spec=vfio_bind.ARGUMENT_SPEC, supports_check_mode=True, **vfio_bind.RULES)
     p = module.params
-    plan, model = modsupport_vfio.plan(p, lambda doc, facts: resolve_or_refuse(module, doc, facts))
+    plan, model = vfio_bind.plan(p, lambda doc, facts: resolve_or_refuse(module, doc, facts))
     extra = {} if model is None else {"ansible_facts": {"gpuprov_model": model.derived()}}
     finish(module, plan, p["root"], devices=plan.bind_set, previous_drivers=plan.previous_drivers, **extra)
 

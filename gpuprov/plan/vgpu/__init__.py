@@ -37,13 +37,13 @@ uses (its ``/dev/vfio`` group held open, or named by a running domain's XML
 under ``/run/libvirt/qemu``) is refused.
 
 :func:`plan_vgpu` is pure (facts and file texts in, a :class:`VgpuPlan` out);
-:func:`read_host` gathers its inputs (gpuprov.facts.vgpu_inputs) and
-gpuprov.apply.vgpu's ``converge`` runs it twice where VFs are enabled first.
+gpuprov.apply.vgpu's ``read_host`` gathers its inputs (gpuprov.facts.vgpu_inputs) and its
+``converge`` runs it twice where VFs are enabled first.
 Standard library only: ships with the module and runs at boot.
 
-The package, one concern a module: config (the request, entries, derived UUIDs), state (the
-saved layout), checks (in use, mixed types), mdev, sriov, mig, scheduler, persistence (saved
-layout, boot unit, mdevctl rule), plan (plan_vgpu, plan_host). This file offers what the
+The package, one concern a module (the request, its entries and derived UUIDs are
+gpuprov.inputs.vgpu_request): state (the saved layout), checks (in use, mixed types), mdev,
+sriov, mig, scheduler, persistence (saved layout, boot unit, mdevctl rule), plan (plan_vgpu). This file offers what the
 command line and the tests use, each imported from its submodule on first use.
 """
 
@@ -67,22 +67,20 @@ EXPORTS = {
     "HostInputs": "...facts.vgpu_inputs",
     "read_inputs": "...facts.vgpu_inputs",
     "mixed_types_refusal": ".checks",
-    "SCHEDULERS": ".config",
-    "USES": ".config",
-    "Entry": ".config",
-    "VgpuPlan": ".config",
-    "VgpuRequest": ".config",
-    "derived_uuid": ".config",
-    "parse_gpus": ".config",
+    "SCHEDULERS": "...inputs.vgpu_request",
+    "USES": "...inputs.vgpu_request",
+    "Entry": "...inputs.vgpu_request",
+    "VgpuPlan": "...inputs.vgpu_request",
+    "VgpuRequest": "...inputs.vgpu_request",
+    "derived_uuid": "...inputs.vgpu_request",
+    "parse_gpus": "...inputs.vgpu_request",
     "declared_mdevs": ".mdev",
     "mdev_uuids": ".mdev",
     "mdevctl_definition": ".mdev",
     "fit": ".mig",
     "boot_unit": ".persistence",
     "mdevctl_rule_fix": ".persistence",
-    "plan_host": ".plan",
     "plan_vgpu": ".plan",
-    "read_host": ".plan",
     "registry_value": ".scheduler",
     "running_registry_value": ".scheduler",
     "scheduler_conf": ".scheduler",

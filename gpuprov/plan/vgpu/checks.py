@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from ...facts.evidence import IN_USE
-from ...facts.host import HostFacts
-from ...facts.vgpu_inputs import HostInputs
-from ...rules.assess import Finding, unknown_finding, unknown_findings
-from ..base import (
+from ...core.plan import (
     COMMAND,
     Action,
     Plan,
     Refusal,
 )
-from .config import _problem
+from ...facts.evidence import IN_USE
+from ...facts.host import HostFacts
+from ...facts.vgpu_inputs import HostInputs
+from ...inputs.vgpu_request import _problem
+from ...rules.assess import Finding, unknown_finding, unknown_findings
 
 
 def _mdev_users(facts: HostFacts, uuid: str, group: str | None, running: dict[str, str]) -> list[str]:

@@ -5,10 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...facts.host import HostFacts
-from ...facts.mdev import MdevParent, MdevType
-from ...facts.vgpu_inputs import MDEVCTL_DIR, HostInputs
-from ..base import (
+from ...core.plan import (
     REMOVE_FILE,
     Action,
     Plan,
@@ -16,8 +13,21 @@ from ..base import (
     file_action,
     sysfs_write,
 )
+from ...facts.host import HostFacts
+from ...facts.mdev import MdevParent, MdevType
+from ...facts.vgpu_inputs import MDEVCTL_DIR, HostInputs
+from ...inputs.vgpu_request import (
+    NVIDIA,
+    Entry,
+    MdevWant,
+    VgpuPlan,
+    VgpuRequest,
+    _problem,
+    derived_uuid,
+    parse_gpus,
+    type_name_key,
+)
 from .checks import _in_use, _in_use_unknown, _mdev_users, _mixed
-from .config import NVIDIA, Entry, MdevWant, VgpuPlan, VgpuRequest, _problem, derived_uuid, parse_gpus, type_name_key
 from .state import Managed
 
 

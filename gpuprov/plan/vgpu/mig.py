@@ -6,8 +6,8 @@ from typing import Any
 
 from ...facts.host import HostFacts
 from ...facts.mig import MigFacts, MigProfile
+from ...inputs.vgpu_request import Entry, VgpuPlan, VgpuRequest, _problem
 from .checks import _cmd, _in_use
-from .config import Entry, VgpuPlan, VgpuRequest, _problem
 
 
 def fit(wanted: list[MigProfile], occupied: list[tuple[int, int]]) -> list[int] | None:

@@ -12,14 +12,14 @@ import json
 import re
 from typing import Any
 
-from ...facts.vgpu_inputs import BOOT_PYZ, BOOT_SERVICE, BOOT_UNIT, MDEVCTL_RULE, STATE_FILE, HostInputs
-from ..base import (
+from ...core.plan import (
     REMOVE_FILE,
     Action,
     file_action,
 )
+from ...facts.vgpu_inputs import BOOT_PYZ, BOOT_SERVICE, BOOT_UNIT, MDEVCTL_RULE, STATE_FILE, HostInputs
+from ...inputs.vgpu_request import _HEADER, Entry, VgpuPlan, VgpuRequest
 from .checks import _cmd
-from .config import _HEADER, Entry, VgpuPlan, VgpuRequest
 from .state import STATE_SCHEMA, Managed
 
 _RULE_PATH_RE = re.compile(r"(/\S*/mdevctl) start-parent-mdevs")

@@ -1,15 +1,14 @@
-"""The vGPU planner: config, facts and inputs in, a VgpuPlan out (:func:`plan_vgpu`, pure), and
-:func:`plan_host`, which reads them below a root first."""
+"""The vGPU planner: config, facts and inputs in, a VgpuPlan out (:func:`plan_vgpu`, pure). Reading them
+below a root first is gpuprov.apply.vgpu.read_host (the converge loop reads again after each pass)."""
 
 from __future__ import annotations
 
-from ...facts.host import HostFacts, gather
-from ...facts.mig import MigFacts, Runner, read_mig
-from ...facts.packages import install_argv, read_packages
-from ...facts.sysfs import Sysfs
-from ...facts.vgpu_inputs import STATE_FILE, HostInputs, read_inputs, read_runner_sha256
-from ..base import COMMAND, Action
-from .config import Entry, VgpuPlan, VgpuRequest, parse_gpus
+from ...core.plan import COMMAND, Action
+from ...facts.host import HostFacts
+from ...facts.mig import MigFacts
+from ...facts.packages import install_argv
+from ...facts.vgpu_inputs import STATE_FILE, HostInputs
+from ...inputs.vgpu_request import Entry, VgpuPlan, VgpuRequest, parse_gpus
 from .mdev import _plan_mdevs
 from .mig import _plan_mig_entry
 from .persistence import _persistence
@@ -57,28 +56,3 @@ def _plan_mdevctl_install(entries: list[Entry], request: VgpuRequest, inputs: Ho
     argv = install_argv(packages.manager if packages else None, [MDEVCTL_PACKAGE])
     plan.install = Action(COMMAND, "mdevs persist as its definitions", argv=argv)
     plan.actions.insert(0, plan.install)
-
-
-# ---------------------------------------------------------------- reading the host
-
-
-def read_host(
-    sysfs: Sysfs, request: VgpuRequest, run: Runner | None = None, facts: HostFacts | None = None
-) -> tuple[HostFacts, HostInputs, MigFacts | None]:
-    facts = facts if facts is not None else gather(sysfs)
-    inputs = read_inputs(sysfs, facts)
-    gpus = request.gpus if isinstance(request.gpus, dict) else {}
-    uses = {v.get("use") for v in gpus.values() if isinstance(v, dict)}
-    if request.runner_sha256 and not request.boot:
-        inputs.boot_runner_sha256 = read_runner_sha256(sysfs)
-    if request.install_mdevctl and "mdev" in uses and "mdevctl" not in inputs.tools:
-        inputs.packages = read_packages(sysfs, [MDEVCTL_PACKAGE])
-    return facts, inputs, (read_mig(sysfs, run) if "mig" in uses else None)
-
-
-def plan_host(
-    sysfs: Sysfs, request: VgpuRequest, run: Runner | None = None, facts: HostFacts | None = None
-) -> VgpuPlan:
-    """``facts``: the host's, when the caller has read them (to resolve a declaration) already."""
-    facts, inputs, mig = read_host(sysfs, request, run, facts)
-    return plan_vgpu(facts, request, inputs, mig)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
-from ...facts.vgpu_inputs import SCHEDULER_CONF, HostInputs
-from ..base import (
+from ...core.plan import (
     file_action,
 )
-from .config import _HEADER, SCHEDULERS, VgpuPlan, VgpuRequest, _problem
+from ...facts.vgpu_inputs import SCHEDULER_CONF, HostInputs
+from ...inputs.vgpu_request import _HEADER, SCHEDULERS, VgpuPlan, VgpuRequest, _problem
 
 _REGISTRY_RE = re.compile(r"RmPVMRL\s*=\s*(0x[0-9a-fA-F]+|\d+)")
 

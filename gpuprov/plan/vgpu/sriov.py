@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ...facts.host import HostFacts
-from ...facts.vgpu_inputs import SRIOV_MANAGE, HostInputs
-from ...rules.assess import VFIO_DRIVERS, held_open
-from ..base import (
+from ...core.plan import (
     sysfs_write,
 )
+from ...facts.host import HostFacts
+from ...facts.vgpu_inputs import SRIOV_MANAGE, HostInputs
+from ...inputs.vgpu_request import Entry, VgpuPlan, VgpuRequest, _problem, type_name_key
+from ...rules.assess import VFIO_DRIVERS, held_open
 from .checks import _cmd, _in_use, _in_use_unknown, _mixed, _pci_users
-from .config import Entry, VgpuPlan, VgpuRequest, _problem, type_name_key
 from .state import Managed
 
 

@@ -6,10 +6,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...facts.vgpu_inputs import STATE_FILE
-from ..base import (
+from ...core.plan import (
     Plan,
 )
+from ...facts.vgpu_inputs import STATE_FILE
 
 STATE_SCHEMA = "gpuprov.vgpu-state/v1"
 

@@ -1,0 +1,99 @@
+"""Planning the host-side concerns ahead, in one module run (gpu_host_plan, role host_plan): each
+concern's own read-and-plan step on the options its role would pass, and which have nothing to do.
+docs/concepts/plan-gate.md says when a role may then skip its module.
+
+Ships to targets with the modules (``module_utils``); standard library and Ansible's own
+``module_utils`` only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+from ..facts.host import HostFacts, cpu_count, gather
+from ..facts.sysfs import Sysfs
+from ..model.host_model import HostModel
+from ..model.resolve import resolve
+from . import gpu_vgpu, iommu_boot, vfio_bind
+
+CONCERNS: dict[str, Any] = {"iommu_boot": iommu_boot, "vfio_bind": vfio_bind, "gpu_vgpu": gpu_vgpu}
+
+
+class Unresolved(Exception):
+    """The declaration does not resolve: the module that resolves it refuses, so it must run."""
+
+
+@dataclass
+class Ahead:
+    """What planning ahead found: the converged concerns' keys, why the others must run, the model."""
+
+    converged: list[str] = field(default_factory=list)
+    pending: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    model: HostModel | None = None
+    model_root: str | None = None
+
+
+class _Host:
+    """One read of the host per root: its facts and each declaration resolved on them, once."""
+
+    def __init__(self, ahead: Ahead) -> None:
+        self.ahead = ahead
+        self.facts: dict[str, HostFacts] = {}
+        self.models: dict[tuple[str, str], HostModel] = {}
+
+    def facts_of(self, root: str) -> HostFacts:
+        if root not in self.facts:
+            self.facts[root] = gather(Sysfs(root))
+        return self.facts[root]
+
+    def resolver(self, root: str) -> vfio_bind.Resolver:
+        def resolved(doc: dict[str, Any], facts: HostFacts) -> HostModel:
+            key = (root, json.dumps(doc, sort_keys=True, default=str))
+            if key not in self.models:
+                model = resolve(doc, facts, cpu_limit=cpu_count(facts))
+                self.models[key] = model
+                if not (model.problems or model.refusals):
+                    self.ahead.warnings.extend(model.warnings)
+                    self.ahead.model, self.ahead.model_root = model, root
+            model = self.models[key]
+            if model.problems or model.refusals:
+                raise Unresolved("the declaration does not resolve")
+            return model
+
+        return resolved
+
+
+def plan_ahead(concerns: dict[str, Any]) -> Ahead:
+    """``concerns``: module name -> {"options": the role's options, "digest": their digest} (or None)."""
+    ahead = Ahead()
+    host = _Host(ahead)
+    for name, given in concerns.items():
+        if given is None:
+            continue
+        reason = _pending(name, given["options"], host)
+        if reason is None:
+            ahead.converged.append(given["digest"])
+        else:
+            ahead.pending[name] = reason
+    return ahead
+
+
+def _pending(name: str, options: dict[str, Any], host: _Host) -> str | None:
+    support = CONCERNS[name]
+    checked = ArgumentSpecValidator(support.ARGUMENT_SPEC, **support.RULES).validate(options)
+    if checked.error_messages:
+        return "its options are refused: " + "; ".join(checked.error_messages)
+    p = checked.validated_parameters
+    try:
+        if support is iommu_boot:
+            return iommu_boot.pending(p)
+        return support.pending(p, host.resolver(p["root"]), host.facts_of(p["root"]))
+    except Unresolved as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - fail closed: whatever went wrong, the module runs and says it
+        return f"not planned ({type(exc).__name__}: {exc})"

@@ -1,0 +1,491 @@
+"""Plan kernel command line changes in the bootloader config, by argument.
+
+GRUB: one variable of ``/etc/default/grub`` (``GRUB_CMDLINE_LINUX_DEFAULT`` by
+default) is edited argument by argument, never rewritten: other arguments,
+comments and lines stay as they are; then ``update-grub`` (Debian/Ubuntu) or
+``grub2-mkconfig`` regenerates the menu. grubby (RHEL family, BLS entries)
+takes ``--args``/``--remove-args`` directly. Whether a reboot is still owed is
+decided by comparing the wanted arguments with ``/proc/cmdline``.
+
+Untrusted input (docs/reference/kernel-cmdline.md): ``update-grub`` sources
+``/etc/default/grub`` as shell, as root, and pastes the variable into
+``grub.cfg``, which GRUB parses as its own script at boot. So every argument
+passes :func:`argument_problem` (exactly one kernel argument, of characters
+that neither shell nor GRUB's script expand), the variable is written quoted
+so that sourcing gives back exactly the arguments, and a file whose current
+line cannot be read that safely is refused, unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ...core.plan import COMMAND, Action, Plan, Refusal, file_action
+from ...facts.boot import GRUB_DEFAULT, GRUB_DROPINS, BootFacts
+from ...facts.iommu import kernel_param, kernel_split, parse_cmdline
+
+DOC = "docs/reference/kernel-cmdline.md"
+# The only variables edited: GRUB's kernel command-line variables whose arguments /proc/cmdline
+# shows after a normal boot (RECOVERY and XEN ones never reach it, so no reboot verdict).
+GRUB_VARIABLES = ("GRUB_CMDLINE_LINUX_DEFAULT", "GRUB_CMDLINE_LINUX")
+# x86's COMMAND_LINE_SIZE (arch/x86/include/asm/setup.h) counts the terminating NUL.
+COMMAND_LINE_SIZE = 2048
+MAX_LINE = COMMAND_LINE_SIZE - 1
+# /etc/default/grub is a page or two; a larger file is refused before it is scanned (issue 26).
+MAX_GRUB_DEFAULT = 256 * 1024
+
+_PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))
+# Never accepted: shell expansion in double quotes ($ ` \), our single-quoted form ('),
+# and double quotes outside the one quoted form name="value".
+_NEVER = "$`\\'"
+_QUOTED_CHARS = "".join(c for c in _PRINTABLE if c not in _NEVER + '"')
+# An unquoted value is pasted into grub.cfg as a bare word: no space, no GRUB script
+# operators ({ } | & ; < >), no comment (#), no wildcard (* ? [ ]).
+_GRUB_SPECIAL = "{}|&;<>#*?[]"
+_BARE_CHARS = "".join(c for c in _QUOTED_CHARS if c not in " " + _GRUB_SPECIAL)
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
+_ARGUMENT = re.compile(
+    rf'(?P<name>{_NAME})(?:=(?P<value>"[{re.escape(_QUOTED_CHARS)}]*"|[{re.escape(_BARE_CHARS)}]*))?\Z'
+)
+_QUOTED_FIX = 'write a value with spaces or other special characters in double quotes, name="a b"'
+
+
+@dataclass
+class CmdlineRequest:
+    add: list[str] = field(default_factory=list)  # arguments as given, each valid, one per name
+    remove: list[str] = field(default_factory=list)  # names
+    variable: str = "GRUB_CMDLINE_LINUX_DEFAULT"
+
+
+@dataclass
+class CmdlinePlan(Plan):
+    args_before: str | None = None
+    args_after: str | None = None
+    reboot_required: bool = False
+
+
+def show(text: str, limit: int = 60) -> str:
+    """``text`` quoted for a message: control and non-ASCII characters escaped, long text cut."""
+    return ascii(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def argument_problem(arg: object) -> tuple[str, str] | None:
+    """(what is wrong, how to fix it) when ``arg`` is not exactly one kernel argument that is safe
+    in /etc/default/grub and grub.cfg; None when it is. The one validator of an argument."""
+    if not isinstance(arg, str):
+        return f"is a {type(arg).__name__}, not text", "give each argument as a string, name or name=value"
+    if not arg:
+        return "is empty", "drop the empty item"
+    if len(arg) > MAX_LINE:
+        return (
+            f"is {len(arg)} characters long; the kernel's whole command line holds at most {MAX_LINE}",
+            "shorten it",
+        )
+    for i, ch in enumerate(arg):
+        if ch < " " or ch == "\x7f":
+            return (
+                f"holds the control character {ch!a} at position {i}",
+                "remove it: an argument is printable ASCII on one line (the kernel splits on tabs and newlines)",
+            )
+        if ch > "\x7e":
+            return (
+                f"holds the non-ASCII character {ch!a} at position {i}",
+                "use ASCII: the kernel splits arguments on byte 0xA0, which UTF-8 uses inside other characters",
+            )
+        if ch == "'":
+            return (
+                f"holds ' at position {i}: the kernel does not take ' as a quote, and gpuprov may write "
+                "the variable single-quoted",
+                f"remove it; {_QUOTED_FIX}",
+            )
+        if ch in _NEVER:
+            return (
+                f"holds {ch} at position {i}: update-grub sources /etc/default/grub as shell as root, "
+                "and GRUB reads grub.cfg as script; both expand or escape with it",
+                "remove it: no quoting makes $ ` or \\ safe there",
+            )
+    tokens = kernel_split(arg)
+    if tokens != [arg]:
+        return (
+            f"is {len(tokens)} kernel arguments, not one (the kernel splits on spaces outside double quotes)",
+            f"give each argument as its own item; {_QUOTED_FIX}",
+        )
+    m = _ARGUMENT.match(arg)
+    if m:
+        return None
+    name, _sep, value = arg.partition("=")
+    if not re.fullmatch(_NAME, name):
+        return (
+            f"has the name {show(name)}, not a kernel parameter name",
+            "use name or name=value, the name of letters, digits, _ . and - (not starting with - or .)",
+        )
+    if '"' in value:
+        return (
+            'has a double quote outside the one quoted form name="value"',
+            'quote the whole value, name="a b", with no other double quote in it',
+        )
+    bad = next(c for c in value if c not in _BARE_CHARS)
+    return (
+        f"has {bad!r} in an unquoted value, which GRUB's script language (grub.cfg) reads as an operator, "
+        "comment or wildcard",
+        f'quote the value: {name}="{value}"',
+    )
+
+
+def build_request(arguments: object, remove: object, variable: object) -> tuple[CmdlineRequest, list[Refusal]]:
+    """The module's options checked: every problem is a refusal naming the item and the fix."""
+    refusals: list[Refusal] = []
+    request = CmdlineRequest()
+    if variable not in GRUB_VARIABLES:
+        refusals.append(
+            Refusal(
+                f"variable {show(str(variable))} is not a GRUB kernel command-line variable",
+                f"use {' or '.join(GRUB_VARIABLES)} (update-grub runs /etc/default/grub as shell; "
+                "no other variable is edited)",
+            )
+        )
+    else:
+        request.variable = str(variable)
+    added: dict[str, str] = {}
+    for option, items in (("arguments", arguments), ("remove", remove)):
+        for item in items if isinstance(items, list) else [items]:
+            problem = argument_problem(item)
+            if problem:
+                refusals.append(Refusal(f"{option}: {show(str(item))} {problem[0]}", problem[1]))
+                continue
+            if not isinstance(item, str):  # argument_problem refuses every non-string: never reached
+                continue
+            name = kernel_param(item)[0]
+            if option == "remove":
+                if name in added:
+                    refusals.append(Refusal(f"{name} is both in arguments and in remove", "keep it in one of them"))
+                request.remove.append(name)
+            elif name in added and added[name] != item:
+                refusals.append(
+                    Refusal(
+                        f"arguments: {name} is given twice ({show(added[name])}, {show(item)})",
+                        "give each name once: the module keeps one value per name",
+                    )
+                )
+            elif name not in added:
+                added[name] = item
+                request.add.append(item)
+    return request, refusals
+
+
+def edit_args(current: list[str], add: list[str], remove: list[str]) -> list[str]:
+    """Add/replace/remove arguments by name; everything else keeps its place and its text.
+    An argument the kernel reads the same as a wanted one (``"a=b c"`` for ``a="b c"``) stays."""
+    wanted = {kernel_param(arg)[0]: arg for arg in add}
+    out: list[str] = []
+    seen: set[str] = set()
+    for tok in current:
+        name, value = kernel_param(tok)
+        if name in remove:
+            continue
+        if name in wanted:
+            if name in seen:
+                continue  # a duplicate of an argument we set: keep one
+            same = (name, value) == kernel_param(wanted[name])
+            out.append(tok if same else wanted[name])
+            seen.add(name)
+        else:
+            out.append(tok)
+    out += [arg for name, arg in wanted.items() if name not in seen]
+    return out
+
+
+# -- /etc/default/grub, read as the shell reads it --------------------------------------------
+
+
+@dataclass
+class GrubVariable:
+    """The one assignment of a variable in /etc/default/grub, as shell gives it back."""
+
+    args: list[str]  # kernel_split of its value
+    line: int | None = None  # 1-based; None: not assigned in the file
+    span: tuple[int, int] | None = None  # of the quoted value in the text
+    quote: str = '"'
+
+
+def _scan_shell(text: str) -> tuple[str, list[bool]]:
+    """(``text`` with comments blanked, for each line whether it starts outside every quote,
+    substitution and continuation). Raises ValueError on what this small scanner does not
+    follow: an unterminated quote or substitution, a here-document, $'...'."""
+    code = list(text)
+    starts = [True]
+    stack: list[str] = []  # open ' " ` and $( (
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        state = stack[-1] if stack else ""
+        if c == "\n":
+            starts.append(not stack)
+        elif state == "'":
+            if c == "'":
+                stack.pop()
+        elif c == "\\":
+            if text[i + 1 : i + 2] == "\n":
+                starts.append(False)
+            i += 2
+            continue
+        elif state == "`":
+            if c == "`":
+                stack.pop()
+        elif c == "$" and text[i + 1 : i + 2] == "(":
+            stack.append("(")
+            i += 2
+            continue
+        elif state == '"':
+            if c == '"':
+                stack.pop()
+            elif c == "`":
+                stack.append(c)
+        elif c == "#" and (i == 0 or text[i - 1] in " \t\n;&|()"):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            code[i:end] = " " * (end - i)
+            i = end
+            continue
+        elif c in "'\"`(":
+            stack.append(c)
+        elif c == ")":
+            if state != "(":
+                raise ValueError(f"line {len(starts)} has a ')' that closes nothing")
+            stack.pop()
+        elif text.startswith("<<", i):
+            raise ValueError(f"line {len(starts)} has a here-document (<<)")
+        elif text.startswith("$'", i):
+            raise ValueError(f"line {len(starts)} has $'...' quoting")
+        i += 1
+    if stack:
+        raise ValueError(f"it ends inside an open {stack[-1]!r} (an unterminated quote or substitution)")
+    return "".join(code), starts
+
+
+def _word(name: str) -> str:
+    return rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])"
+
+
+_RHS = r""""(?P<dq>(?:[^"$`\\\n]|\\")*)"|'(?P<sq>[^'\n]*)'|(?P<bare>[A-Za-z0-9_.,:=/+@%-]*)"""
+
+
+def read_grub_variable(text: str, variable: str) -> GrubVariable:
+    """The variable's one assignment, parsed exactly as shell would; raises ValueError (with the
+    line) when the file assigns or uses it in any other form: ``+=``, a substitution, an escape
+    other than \\", a continuation, a second assignment, anything after the value but a comment."""
+    code, starts = _scan_shell(text)
+    assignment = re.compile(
+        rf"(?P<lead>[ \t]*(?:export[ \t]+)?){re.escape(variable)}=(?:{_RHS})(?:[ \t]+#.*|[ \t]*)", re.ASCII
+    )
+    lines = text.split("\n")
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line) + 1)
+    found: GrubVariable | None = None
+    for m in re.finditer(_word(variable), code):
+        number = text.count("\n", 0, m.start())
+        line = lines[number]
+        a = assignment.fullmatch(line)
+        if not (starts[number] and a and offsets[number] + a.end("lead") == m.start()):
+            raise ValueError(
+                f"line {number + 1} ({show(line)}) sets or uses {variable} in a form gpuprov cannot read "
+                f"safely; only {variable}=\"...\", '...' or a plain word, alone on its line, is edited"
+            )
+        if found is not None:
+            raise ValueError(f"{variable} is assigned twice (lines {found.line} and {number + 1})")
+        quoted = a.group("dq")
+        value = quoted.replace('\\"', '"') if quoted is not None else a.group("sq") or a.group("bare") or ""
+        kind = "dq" if quoted is not None else "sq" if a.group("sq") is not None else "bare"
+        start, end = a.span(kind)
+        if kind != "bare":
+            start, end = start - 1, end + 1
+        found = GrubVariable(
+            kernel_split(value),
+            number + 1,
+            (offsets[number] + start, offsets[number] + end),
+            "'" if kind == "sq" else '"',
+        )
+    return found or GrubVariable([])
+
+
+def grub_quote(args: list[str], quote: str = '"') -> str:
+    """The shell text of a variable holding ``args`` (each passed :func:`argument_problem`):
+    double-quoted, or single-quoted where an argument has a double quote or ``quote`` is '.
+    Neither form expands anything: the arguments hold no $ ` \\ ' and no control character."""
+    value = " ".join(args)
+    q = "'" if '"' in value or quote == "'" else '"'
+    return f"{q}{value}{q}"
+
+
+def _decode(raw: str | bytes) -> str:
+    if len(raw) > MAX_GRUB_DEFAULT:
+        raise ValueError(f"it is longer ({len(raw)}) than the {MAX_GRUB_DEFAULT} bytes gpuprov reads")
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"it is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+    if "\0" in text:
+        raise ValueError("it holds a NUL byte")
+    return text
+
+
+def plan_grub(
+    grub_text: str | bytes | None,
+    proc_cmdline: str,
+    request: CmdlineRequest,
+    update_argv: list[str],
+    dropins: dict[str, str] | None = None,
+) -> CmdlinePlan:
+    """``dropins``: name -> text of /etc/default/grub.d/*.cfg, which update-grub sources afterwards."""
+    plan = CmdlinePlan()
+    if grub_text is None:
+        plan.refusals.append(
+            Refusal(
+                f"/{GRUB_DEFAULT} does not exist: this host does not boot through GRUB's defaults file",
+                "use bootloader=grubby on RHEL-family hosts, or set the arguments in your bootloader's config",
+            )
+        )
+        return plan
+    try:
+        text = _decode(grub_text)
+        current = read_grub_variable(text, request.variable)
+    except ValueError as exc:
+        plan.refusals.append(
+            Refusal(
+                f"/{GRUB_DEFAULT} cannot be edited safely: {exc}",
+                f"edit /{GRUB_DEFAULT} by hand so that {request.variable} is one plain quoted assignment "
+                f'(e.g. {request.variable}="quiet"), then run again; see {DOC}',
+            )
+        )
+        return plan
+    new = edit_args(current.args, request.add, request.remove)
+    plan.args_before, plan.args_after = " ".join(current.args), " ".join(new)
+    for name, dropin in sorted((dropins or {}).items()):
+        if re.search(_word(request.variable), dropin):
+            plan.warnings.append(
+                f"/{GRUB_DROPINS}/{name} also names {request.variable}; update-grub reads it after "
+                f"/{GRUB_DEFAULT}, so it may override this edit"
+            )
+    if new != current.args:
+        for arg in new:
+            problem = argument_problem(arg)
+            if problem:
+                plan.refusals.append(
+                    Refusal(
+                        f"/{GRUB_DEFAULT} line {current.line}: {request.variable} holds {show(arg)}, which "
+                        f"gpuprov cannot rewrite safely: it {problem[0]}",
+                        f"fix that argument by hand ({problem[1]}), then run again",
+                    )
+                )
+        if len(plan.args_after) > MAX_LINE:
+            plan.refusals.append(
+                Refusal(
+                    f"{request.variable} would be {len(plan.args_after)} characters; the kernel's command line "
+                    f"holds at most {MAX_LINE} (COMMAND_LINE_SIZE {COMMAND_LINE_SIZE} on x86)",
+                    "drop arguments",
+                )
+            )
+        if plan.refused:
+            return plan
+        if current.span:
+            start, end = current.span
+            text = text[:start] + grub_quote(new, current.quote) + text[end:]
+        else:
+            text += ("" if text.endswith("\n") or not text else "\n") + f"{request.variable}={grub_quote(new)}\n"
+        action = file_action(GRUB_DEFAULT, text, _decode(grub_text), "kernel arguments for the next boot")
+        if action:
+            plan.actions.append(action)
+            plan.actions.append(Action(COMMAND, "regenerate the GRUB menu", argv=update_argv))
+    plan.reboot_required = reboot_owed(proc_cmdline, request)
+    return plan
+
+
+def grubby_default_args(info: str) -> str | None:
+    """The ``args="..."`` of ``grubby --info=DEFAULT``, its one pair of outer quotes taken off."""
+    for line in info.splitlines():
+        if line.startswith("args="):
+            value = line[len("args=") :].strip()
+            return value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
+    return None
+
+
+def plan_grubby(default_args: str, proc_cmdline: str, request: CmdlineRequest) -> CmdlinePlan:
+    """grubby: ``default_args`` is what ``grubby --info=DEFAULT`` shows as args."""
+    current = kernel_split(default_args)
+    plan = CmdlinePlan(args_before=default_args, args_after=" ".join(edit_args(current, request.add, request.remove)))
+    present = parse_cmdline(default_args)
+    to_add = [arg for arg in request.add if _missing(present, arg)]
+    to_remove = [n for n in request.remove if n in present]
+    # argv lists, never a shell: each argument passed argument_problem.
+    if to_add:
+        plan.actions.append(
+            Action(
+                COMMAND,
+                "kernel arguments for every entry",
+                argv=["grubby", "--update-kernel=ALL", f"--args={' '.join(to_add)}"],
+            )
+        )
+    if to_remove:
+        plan.actions.append(
+            Action(
+                COMMAND,
+                "drop kernel arguments",
+                argv=["grubby", "--update-kernel=ALL", f"--remove-args={' '.join(to_remove)}"],
+            )
+        )
+    plan.reboot_required = reboot_owed(proc_cmdline, request)
+    return plan
+
+
+def choose_bootloader(option: str, facts: BootFacts) -> str:
+    """kernel_cmdline's ``bootloader``: auto takes grubby where it is installed on the live root."""
+    if option != "auto":
+        return option
+    return "grubby" if facts.has_grubby and facts.live else "grub"
+
+
+def plan_kernel_cmdline(facts: BootFacts, request: CmdlineRequest, bootloader: str, update: bool) -> CmdlinePlan:
+    """The whole of kernel_cmdline: ``bootloader`` as :func:`choose_bootloader` gives it; ``update``
+    False drops the command that regenerates the GRUB menu."""
+    if bootloader == "grubby":
+        if not facts.live:
+            return CmdlinePlan(refusals=[Refusal("bootloader grubby works on the live root only", _GRUBBY_FIX)])
+        rc, out, err = facts.grubby_info or (127, "", "grubby was not asked")
+        args = grubby_default_args(out) if rc == 0 else None
+        if args is None:
+            return CmdlinePlan(refusals=[Refusal(f"grubby --info=DEFAULT gave no args= line (rc {rc}): {err.strip()}")])
+        return plan_grubby(args, facts.proc_cmdline, request)
+    if facts.update_argv is None and facts.live and update:
+        return CmdlinePlan(
+            refusals=[
+                Refusal(
+                    "no update-grub or grub2-mkconfig on this host",
+                    "install GRUB's tools, or set update: false and regenerate the menu yourself",
+                )
+            ]
+        )
+    if facts.grub_default_unreadable:
+        return CmdlinePlan(refusals=[Refusal(f"/{GRUB_DEFAULT} exists but cannot be read", "run the module as root")])
+    plan = plan_grub(
+        facts.grub_default, facts.proc_cmdline, request, facts.update_argv or ["update-grub"], facts.dropins
+    )
+    if not update:
+        plan.actions = [a for a in plan.actions if a.kind != COMMAND]
+    return plan
+
+
+_GRUBBY_FIX = "set root to / or use bootloader grub"
+
+
+def _missing(present: dict[str, str | None], arg: str) -> bool:
+    name, value = kernel_param(arg)
+    return name not in present or present[name] != value
+
+
+def reboot_owed(proc_cmdline: str, request: CmdlineRequest) -> bool:
+    """True when the running kernel was not booted with what is wanted (compared as the kernel
+    reads each argument, so GRUB's ``"a=b c"`` matches a wanted ``a="b c"``)."""
+    running = parse_cmdline(proc_cmdline)
+    return any(_missing(running, arg) for arg in request.add) or any(n in running for n in request.remove)
