@@ -13,7 +13,7 @@
 # key = hash of this script (suite and package list included): a change rebuilds,
 # and older keys are removed. A cached image is reused as it is (0 s).
 #
-# The tests (tests/test_gpu_vms_libvirt.py) use it for the real libvirt run; it is
+# The tests (tests/ansible/test_gpu_vms_libvirt.py) use it for the real libvirt run; it is
 # also a quick guest for trying the gpu_vms role on a machine without cloud images.
 #
 # Environment: GPUPROV_CACHE, GPUPROV_DEBIAN_MIRROR (default http://deb.debian.org/debian).

@@ -84,7 +84,7 @@ run_molecule() {
 # The collection gpuprov.kvm as a user gets it: its tarball (scripts/build-collection.sh),
 # installed into an empty collections path from outside the checkout; then ansible-test
 # sanity on that installed copy (scripts/collection-sanity.sh; its venvs are cached).
-# tests/test_collection.py plays the installed modules and roles from outside the repo.
+# tests/ansible/test_collection.py plays the installed modules and roles from outside the repo.
 collection_dir=
 collection_build() {
   local tarball tmp

@@ -1,7 +1,7 @@
 """Run a module of plugins/modules in this process, for the many hostile cases a subprocess per case
 would make slow: its ``ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov`` imports resolve to this checkout's
 gpuprov (what AnsiballZ ships), its arguments come through Ansible's own test hook, so
-the argument spec's type coercion applies as on a target. tests/test_modules.py runs
+the argument spec's type coercion applies as on a target. tests/modules/test_modules.py runs
 modules for real through ansible."""
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ import pytest
 # Skip reason (exactly as the test gives it) -> why no test command can make that test run here.
 ALLOWED_SKIPS: dict[str, str] = {
     "this machine has an NVIDIA driver": (
-        "tests/test_verify.py and tests/test_gpu_verify_module.py check the live machine's 'no NVIDIA driver'"
-        " verdict; on a GPU host the driver is there, and unloading it is no test's business"
+        "tests/verify/test_verify.py and tests/modules/test_gpu_verify_module.py check the live machine's"
+        " 'no NVIDIA driver' verdict; on a GPU host the driver is there, and unloading it is no test's business"
     ),
     "this engine has the nvidia runtime": (
-        "tests/test_verify_containers.py checks the refusal by an engine without the nvidia runtime; on a GPU"
+        "tests/verify/test_verify_containers.py checks the refusal by an engine without the nvidia runtime; on a GPU"
         " host the engine has it, and reconfiguring someone's engine is no test's business"
     ),
 }

@@ -14,7 +14,7 @@ What comes from where (no Ansible import: the docs are read as Python and YAML t
 - findings.md: the codes of ``Finding(...)`` and the ids of ``Check(...)`` wherever they
   are built under gpuprov/ (found by ast, so the files may move).
 
-The output is deterministic (sorted, no dates): tests/test_docs_reference.py runs --check.
+The output is deterministic (sorted, no dates): tests/house/test_docs_reference.py runs --check.
 """
 
 from __future__ import annotations
@@ -783,7 +783,7 @@ def render_layout() -> str:
         "```",
         "",
         "The package's folders are its layers, in import order: a module imports its own layer and the",
-        "ones before it, never one after, and no two modules import each other (tests/test_layers.py).",
+        "ones before it, never one after, and no two modules import each other (tests/house/test_layers.py).",
         "Only `apply/` writes (files, sysfs, commands, libvirt); the few other writers are named with",
         "their reason in `dev/tools/house.py`. Everything outside `cli/` is standard library only: it",
         "ships to targets as the collection's `module_utils`. What the package depends on, and why:",

@@ -1,5 +1,5 @@
 """The house's rules in one place (docs/development/layout.md, generated from them): the layers
-of the gpuprov package in import order, and who may write. tests/test_layers.py checks the tree
+of the gpuprov package in import order, and who may write. tests/house/test_layers.py checks the tree
 against them; dev/tools/gen_reference.py writes layout.md from them and the tree's docstrings."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Dump every value verify's multi-GPU and health checks read, on this machine, to a JSON file:
 the probe of gpuprov/facts/multigpu.py (NVML through pynvml, sysfs, this process's CPUs, the
 kernel log's Xid lines) with each GPU's PCIe link, and with --bench the GPU-to-GPU copies.
-The file is a test fixture as it is: tests/test_verify_multigpu.py judges such files.
+The file is a test fixture as it is: tests/verify/test_verify_multigpu.py judges such files.
 
     PYTHONPATH=. python3 dev/tools/multigpu_probe.py --out probe.json [--bench] [--report verify.json]
 

@@ -19,7 +19,7 @@ from xml.sax.saxutils import escape
 from .textsafe import safe_text
 from .topology_labels import RELATION_TEXT, device_label, gpu_details, node_title
 
-# Colours; GPU_FILL is what the browser test looks for in the screenshot (tests/test_topology.py).
+# Colours; GPU_FILL is what the browser test looks for in the screenshot (tests/cli/test_topology.py).
 GPU_FILL, GPU_STROKE = "#76b900", "#3d6000"
 PORT_FILL, PORT_STROKE = "#dbe7f5", "#5b7fa6"
 BUS_FILL, BUS_STROKE = "#eeeeee", "#8a8a8a"

@@ -234,7 +234,7 @@ def _mode(text: str | None) -> str | None:
 
 
 # Every element parse_smi_xml reads, under <nvidia_smi_log> and under each <gpu>: gpuprov
-# capture keeps only these (tests/test_capture_privacy.py checks that parsing what it keeps
+# capture keeps only these (tests/cli/test_capture_privacy.py checks that parsing what it keeps
 # gives what parsing all gives).
 SMI_LOG_FIELDS = ("driver_version", "cuda_version")
 SMI_GPU_FIELDS = (

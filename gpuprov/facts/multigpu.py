@@ -3,7 +3,7 @@
 clock event (throttle) reasons (NVML), its NUMA node, local CPUs and BAR sizes (sysfs);
 per pair of GPUs NVML's P2P status; the CPUs this process may run on; Xid events from
 the kernel log. ``dev/tools/multigpu_probe.py`` writes the same dict to a file, so a real
-machine's values become a test fixture (tests/test_verify_multigpu.py).
+machine's values become a test fixture (tests/verify/test_verify_multigpu.py).
 
 Every value that cannot be read is ``None`` (the checks say "unknown"), never an
 exception: NVML is asked through the ``pynvml`` module passed in (as in

@@ -5,7 +5,7 @@
 Ansible merges DOCUMENTATION into the modules that name this fragment
 (``extends_documentation_fragment: gpuprov.kvm.plan``). RETURN cannot be a
 fragment: each such module repeats the RETURN entries below in its own RETURN,
-and tests/test_module_docs.py fails when one differs from them.
+and tests/modules/test_module_docs.py fails when one differs from them.
 """
 
 from __future__ import annotations

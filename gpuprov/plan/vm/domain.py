@@ -34,7 +34,7 @@ What a GPU guest wants, and why:
 
 Standard library only (``xml.etree.ElementTree``): ships to targets with the
 modules. Inputs come from :mod:`gpuprov.core.vm_spec` (spec + placement); the output is
-what ``virt-xml-validate`` accepts for every combination (tests/test_domain.py).
+what ``virt-xml-validate`` accepts for every combination (tests/plan/test_domain.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The safety verdicts, and fail-closed on missing evidence."""

@@ -1,0 +1,1 @@
+"""gpuprov verify's checks: the driver, GPUs, containers, the bench, multi-GPU and health."""
