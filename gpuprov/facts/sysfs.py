@@ -12,6 +12,15 @@ every path is resolved inside it, as if it were ``/`` (a link to ``/etc/passwd``
 ``../../..`` stays in the root; a loop reads as missing), and only regular files are
 opened, never a FIFO or a device. The live root is the kernel's own sysfs and procfs: the
 kernel resolves its paths, and only the few files outside them are checked.
+
+How an untrusted root is read: a directory is opened once (its descriptor kept, a few dozen
+at most) and what is below it is opened relative to it, one name at a time with
+``O_NOFOLLOW``, after its type is known (from the directory's listing, else ``fstatat``): a
+final link is read and followed here, by name. The directory itself is resolved by the kernel
+with openat2's ``RESOLVE_IN_ROOT`` (:mod:`gpuprov.facts.openat2`); where the kernel lacks it
+(before 5.6, or a seccomp filter refuses it), by a walk in Python, every link read and followed
+inside the root, the directory then opened one component at a time with ``O_NOFOLLOW``. Both
+give the same answers.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ import os
 import re
 import stat
 from collections.abc import Iterator
+
+from .openat2 import Opener, opener
 
 _PCI_DIR = re.compile(r"^(pci)?[0-9a-f]{4,8}:[0-9a-f]{2}(:[0-1][0-9a-f]\.[0-7])?$")
 
@@ -36,9 +47,17 @@ MAX_READ_BYTES = 1 << 24
 MAX_DIR_ENTRIES = 1 << 18
 # Symlinks followed in one path, as the kernel's MAXSYMLINKS.
 MAX_LINK_HOPS = 40
+# Directories of an untrusted root kept open (the oldest is closed first): inspect reads a
+# device directory at a time, and a few readers may be alive at once.
+MAX_OPEN_DIRS = 16
+# Components of a directory opened by the walk (a path of PATH_MAX has at most 2048).
+_MAX_DEPTH = 2048
 # Regular files only, and opening never waits (a FIFO opens at once, then fstat refuses it).
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
 _OPEN_CONFINED = _OPEN_FLAGS | os.O_NOFOLLOW
+# A directory, to list it or open below it (O_DIRECTORY: nothing else is ever opened).
+_DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY
+_SPECIAL = ("", ".", "..")
 
 
 def parse_int(text: str | None, base: int = 10) -> int | None:
@@ -65,15 +84,47 @@ class Sysfs:
         self.trace: list[TraceEntry] | None = [] if trace else None
         # Path prefixes already resolved (sysfs does not change during one read).
         self._resolved: dict[str, str] = {}
-        # Untrusted roots: root-relative path -> its real path inside the root.
-        self._real: dict[str, str] = {}
-        # Untrusted roots: a listed directory's absolute path -> its entries (their types, from d_type).
+        # Untrusted roots, all opened at first use: the root's descriptor (-1: unusable)...
+        self._root_fd: int | None = None
+        # ...how its directories are resolved (openat2, else None: the walk below)...
+        self._open_in_root: Opener | None = None
+        # ...directories kept open, by key: the path as asked (openat2) or its real path (walk)...
+        self._fds: dict[str, int] = {}
+        # ...a listed directory's entries (their types, from d_type), by the same key...
         self._listed: dict[str, dict[str, os.DirEntry[str]]] = {}
+        # ...and, for the walk, root-relative path -> its real path inside the root.
+        self._real: dict[str, str] = {}
 
     @property
     def live(self) -> bool:
         """True when reading the running machine rather than a capture."""
         return self.root == "/"
+
+    @property
+    def kernel_confined(self) -> bool:
+        """True when the kernel resolves this untrusted root's paths (openat2), False when gpuprov
+        walks them or the root is the live one."""
+        return bool(self._prefix) and self._root() >= 0 and self._open_in_root is not None
+
+    def close(self) -> None:
+        """Close the directories kept open (reading again opens them again)."""
+        fds = list(self._fds.values())
+        self._fds.clear()
+        self._listed.clear()
+        if self._root_fd is not None and self._root_fd >= 0:
+            fds.append(self._root_fd)
+        self._root_fd = None
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit os may be gone; the fds go with the process
+            pass
 
     def path(self, rel: str) -> str:
         """Absolute path of ``rel`` below the root, as written: its links are not resolved inside
@@ -110,10 +161,17 @@ class Sysfs:
                 fd = self._open_live(rel)
             else:
                 # The type before the open: opening a device node can act (a watchdog, a tape).
-                found = self._follow_inside(rel)
-                if found is None or not stat.S_ISREG(found[1]):
-                    return None
-                fd = os.open(found[0], _OPEN_CONFINED)
+                # The common case inline: a regular file its open directory's listing shows.
+                head, _sep, name = rel.rpartition("/")
+                dir_fd = self._fds.get(head)
+                listed = self._listed.get(head) if dir_fd is not None else None
+                entry = listed.get(name) if listed is not None else None
+                if entry is None or not entry.is_file(follow_symlinks=False):
+                    found = self._locate(rel)
+                    if found is None or found[2] != stat.S_IFREG:
+                        return None
+                    dir_fd, name = found[0], found[1]
+                fd = os.open(name, _OPEN_CONFINED, dir_fd=dir_fd)
                 if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since it was checked
                     os.close(fd)
                     return None
@@ -168,34 +226,36 @@ class Sysfs:
         try:
             if not self._prefix:
                 return sorted(os.listdir(f"/{rel}"))
-            found = self._follow_inside(rel)
-            if found is None or not stat.S_ISDIR(found[1]):
+            found = self._dir(rel)
+            if found is None:
                 return None
-            # O_DIRECTORY|O_NOFOLLOW: refused before anything that is not a directory is opened.
-            fd = os.open(found[0], os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY | os.O_NOFOLLOW)
+            # The kept descriptor itself: scandir reads a copy, and rewinds it when done.
+            with os.scandir(found[0]) as entries:
+                kinds = {e.name: e for e in itertools.islice(entries, MAX_DIR_ENTRIES + 1)}
         except (OSError, ValueError):
             return None
-        try:
-            with os.scandir(fd) as entries:
-                kinds = {e.name: e for e in itertools.islice(entries, MAX_DIR_ENTRIES + 1)}
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
         if len(kinds) > MAX_DIR_ENTRIES:
             return None  # more than a real host has: unknown, not a partial answer
-        self._listed[found[0]] = kinds
+        self._listed[found[1]] = kinds
         return sorted(kinds)
 
     def readlink(self, rel: str) -> str | None:
         """Target of a symlink as stored (relative in sysfs); ``None`` if not a link."""
         if self.trace is not None:
             self.trace.append(("readlink", rel))
-        path = self._unfollowed(rel) if self._prefix else f"/{rel}"
-        if path is None:
-            return None
         try:
-            return os.readlink(path)
+            if not self._prefix:
+                return os.readlink(f"/{rel}")
+            head, _sep, name = rel.rpartition("/")
+            if name in _SPECIAL:
+                return None  # a directory
+            dir_fd = self._fds.get(head)
+            if dir_fd is None:
+                found = self._dir(head)
+                if found is None:
+                    return None
+                dir_fd = found[0]
+            return os.readlink(name, dir_fd=dir_fd)
         except (OSError, ValueError):
             return None
 
@@ -215,7 +275,7 @@ class Sysfs:
         # common case of sys/bus/pci/devices/X and sys/class/*/X.
         head, _sep, name = rel.rpartition("/")
         base = self._resolved.get(head)
-        if base is not None and name not in ("", ".", ".."):
+        if base is not None and name not in _SPECIAL:
             target = self.readlink(rel)
             if target is None:
                 return f"{base}/{name}"
@@ -263,31 +323,49 @@ class Sysfs:
             pending = target_parts + pending
         return "/".join(parts)
 
+    def stat(self, rel: str) -> os.stat_result | None:
+        """``os.stat`` of ``rel``, its links followed inside the root; None when absent."""
+        try:
+            if not self._prefix:
+                return os.stat(f"/{rel}")
+            found = self._locate(rel)
+            if found is None:
+                return None
+            return os.stat(found[1], dir_fd=found[0], follow_symlinks=False) if found[1] else os.fstat(found[0])
+        except (OSError, ValueError):
+            return None
+
     def mtime(self, rel: str) -> float | None:
         """Modification time of a file (links followed inside the root); None when absent."""
         if self.trace is not None:
             self.trace.append(("read", rel))
-        try:
-            if not self._prefix:
-                return os.stat(f"/{rel}").st_mtime
-            found = self._follow_inside(rel)
-            return None if found is None else os.lstat(found[0]).st_mtime
-        except (OSError, ValueError):
-            return None
+        found = self.stat(rel)
+        return None if found is None else found.st_mtime
 
     def exists(self, rel: str) -> bool:
         if self.trace is not None:
             self.trace.append(("read", rel))
-        path = self._unfollowed(rel) if self._prefix else f"/{rel}"
-        return path is not None and os.path.lexists(path)
+        if not self._prefix:
+            return os.path.lexists(f"/{rel}")
+        head, _sep, name = rel.rpartition("/")
+        try:
+            if name in _SPECIAL:
+                return self._dir(rel) is not None
+            found = self._dir(head)
+            return found is not None and self._kind(found, name) != 0
+        except (OSError, ValueError):
+            return False
 
     def walk_files(self, rel: str) -> Iterator[str]:
         """Root-relative paths of the regular files below ``rel`` (no symlinks followed)."""
         for entry in self.listdir(rel):
             child = f"{rel}/{entry}"
             if self._prefix:
-                path = self._unfollowed(child)
-                mode = self._type(path) if path is not None else 0
+                try:
+                    found = self._dir(rel)
+                    mode = 0 if found is None else self._kind(found, entry)
+                except (OSError, ValueError):
+                    continue
             else:
                 try:
                     mode = os.lstat(f"/{child}").st_mode
@@ -299,50 +377,143 @@ class Sysfs:
                 yield child
 
     # ------------------------------------------------------------ untrusted roots
-    # Paths are resolved as the kernel would were the root `/` (openat2's RESOLVE_IN_ROOT,
-    # which Python does not offer): every link is read and followed here, with absolute
-    # targets and `..` kept inside. Each directory is resolved once (self._real), and a
-    # directory's listing gives its entries' types without an lstat each (self._listed).
+    # Every name is opened (or listed, or read as a link) relative to its directory's descriptor,
+    # never followed by the kernel when it is a link: a final link is read and followed here, at
+    # most MAX_LINK_HOPS of them, its target resolved inside the root like any other path. A
+    # directory is resolved by openat2(RESOLVE_IN_ROOT) or, without it, by _real_dir's walk.
+    # Errors are raised (OSError, ValueError), and the public methods above make them None.
 
-    def _unfollowed(self, rel: str) -> str | None:
-        """Absolute path of ``rel`` with its parent directory resolved inside the root and its
-        last component as is (not followed); ``None`` when the parent is missing or loops."""
-        head, _sep, name = rel.rpartition("/")
-        if name in ("", ".", ".."):
-            real = self._real_dir(rel)
-            return None if real is None else f"{self.root}/{real}" if real else self.root
-        base = self._real.get(head) if head else ""
-        if base is None:
-            base = self._real_dir(head)
-            if base is None:
+    def _root(self) -> int:
+        """The root's descriptor, opened at first use; -1 when the root cannot be opened."""
+        fd = self._root_fd
+        if fd is None:
+            self._open_in_root = opener()
+            try:
+                fd = os.open(self.root, _DIR_FLAGS)
+            except OSError:
+                fd = -1
+            self._root_fd = fd
+        return fd
+
+    def _locate(self, rel: str) -> tuple[int, str, int] | None:
+        """(directory descriptor, name, file type) of what ``rel`` names, every link followed
+        inside the root; ``None`` when missing, looping or past MAX_LINK_HOPS. The name is
+        never a link, or is "" for a directory named with ``.``, ``..`` or a trailing ``/``
+        (the descriptor is then the directory's own)."""
+        for _hop in range(MAX_LINK_HOPS + 1):
+            head, _sep, name = rel.rpartition("/")
+            if name in _SPECIAL:
+                found = self._dir(rel)
+                return None if found is None else (found[0], "", stat.S_IFDIR)
+            found = self._dir(head)
+            if found is None:
                 return None
-        return f"{self.root}/{base}/{name}" if base else f"{self.root}/{name}"
+            kind = self._kind(found, name)
+            if kind != stat.S_IFLNK:
+                return (found[0], name, kind) if kind else None
+            target = os.readlink(name, dir_fd=found[0])
+            # Relative: from the link's directory (as asked, or its real path); absolute: from the root.
+            rel = target if target.startswith("/") or not found[1] else f"{found[1]}/{target}"
+        return None  # a loop, or a chain longer than the kernel follows
 
-    def _type(self, path: str) -> int:
-        """``stat.S_IFMT`` of an absolute path below the root, not following it; 0 when missing."""
-        folder, _sep, name = path.rpartition("/")
+    def _kind(self, found: tuple[int, str], name: str) -> int:
+        """``stat.S_IFMT`` of ``name`` in the directory ``found`` (its descriptor and key), not
+        following it: from the directory's listing when it was listed, else fstatat; 0 when missing."""
+        listed = self._listed.get(found[1])
+        if listed is not None:
+            entry = listed.get(name)
+            if entry is not None:
+                return _kind(entry)
+        try:
+            return stat.S_IFMT(os.stat(name, dir_fd=found[0], follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            return 0
+
+    def _dir(self, rel: str) -> tuple[int, str] | None:
+        """(descriptor, key) of the directory ``rel``, every link in it followed inside the root;
+        None when it is missing, not a directory, or loops. The key names it in the caches."""
+        fd = self._fds.get(rel)
+        if fd is not None:
+            return fd, rel
+        root = self._root()
+        if root < 0:
+            return None
+        if not rel:
+            return root, ""
+        if "\0" in rel:
+            raise ValueError("embedded null byte")
+        open_in_root = self._open_in_root
+        if open_in_root is not None:
+            try:
+                fd = open_in_root(root, rel, _DIR_FLAGS)
+            except OSError:
+                return None
+            self._keep(rel, fd)
+            return fd, rel
+        real = self._real_dir(rel)
+        if real is None:
+            return None
+        if not real:
+            return root, ""
+        fd = self._fds.get(real)
+        if fd is None:
+            fd = self._open_real(real)
+            if fd is None:
+                return None
+        return fd, real
+
+    def _keep(self, key: str, fd: int) -> None:
+        """Keep ``fd`` open as ``key``, closing the oldest kept one past MAX_OPEN_DIRS (its listing
+        goes with it: an entry of unknown type is looked up through its directory's descriptor)."""
+        fds = self._fds
+        if len(fds) >= MAX_OPEN_DIRS:
+            old = next(iter(fds))
+            self._listed.pop(old, None)
+            os.close(fds.pop(old))
+        fds[key] = fd
+
+    def _open_real(self, real: str) -> int | None:
+        """Descriptor of a real directory (as :meth:`_real_dir` gives), opened from its nearest
+        open ancestor one component at a time with ``O_NOFOLLOW``: a link swapped in since the
+        walk is refused, not followed. Each directory opened is kept."""
+        parts = real.split("/")
+        if len(parts) > _MAX_DEPTH:
+            return None
+        keys = list(itertools.accumulate(parts, lambda a, b: f"{a}/{b}"))
+        fd = -1
+        start = len(parts)
+        while start > 0:
+            start -= 1
+            fd = self._fds.get(keys[start], -1)
+            if fd >= 0:
+                start += 1
+                break
+        if fd < 0:
+            fd = self._root()
+        for i in range(start, len(parts)):
+            try:
+                fd = os.open(parts[i], _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                return None
+            self._keep(keys[i], fd)
+        return fd
+
+    # The walk, without openat2: paths are resolved as the kernel would were the root `/`
+    # (RESOLVE_IN_ROOT): every link is read and followed here, with absolute targets and `..`
+    # kept inside. Each directory is resolved once (self._real), and a directory's listing gives
+    # its entries' types without an lstat each (self._listed, by real path).
+
+    def _type(self, real: str) -> int:
+        """``stat.S_IFMT`` of a root-relative real path, not following it; 0 when missing."""
+        folder, _sep, name = real.rpartition("/")
         listed = self._listed.get(folder)
         entry = listed.get(name) if listed is not None else None
         if entry is not None:
             return _kind(entry)
         try:
-            return stat.S_IFMT(os.lstat(path).st_mode)
+            return stat.S_IFMT(os.lstat(f"{self.root}/{real}").st_mode)
         except (OSError, ValueError):
             return 0
-
-    def _follow_inside(self, rel: str) -> tuple[str, int] | None:
-        """(absolute path, file type) of ``rel`` with every link followed inside the root."""
-        path = self._unfollowed(rel)
-        if path is None:
-            return None
-        kind = self._type(path)
-        if kind == stat.S_IFLNK:
-            real = self._real_dir(rel)
-            if real is None:
-                return None
-            path = f"{self.root}/{real}" if real else self.root
-            kind = self._type(path)
-        return (path, kind) if kind else None
 
     def _real_dir(self, rel: str) -> str | None:
         """Root-relative real path of ``rel`` (every link followed inside the root); ``None``
@@ -359,7 +530,7 @@ class Sysfs:
                 return None
             here = f"{base}/{name}" if base else name
             # The common case, a real directory: one type check, no walk.
-            if name not in ("", ".", "..") and self._type(f"{self.root}/{here}") == stat.S_IFDIR:
+            if name not in _SPECIAL and self._type(here) == stat.S_IFDIR:
                 result = here
             else:
                 result = self._walk(base.split("/") if base else [], [name])
@@ -384,7 +555,7 @@ class Sysfs:
             if known is not None:  # a real directory met before, or a path asked for
                 real = known.split("/") if known else []
                 continue
-            kind = self._type(f"{self.root}/{here}")
+            kind = self._type(here)
             if kind == stat.S_IFLNK:
                 hops += 1
                 if hops > MAX_LINK_HOPS:
@@ -397,11 +568,10 @@ class Sysfs:
                     real = []  # absolute: from the root's top, never the machine's
                 pending.extend(reversed(target.split("/")))
                 continue
-            if not kind or (pending and kind != stat.S_IFDIR):
+            if kind != stat.S_IFDIR:
                 return None  # missing, or a file taken for a directory
             real.append(name)
-            if kind == stat.S_IFDIR:
-                self._real[here] = here
+            self._real[here] = here
         return "/".join(real)
 
 
