@@ -3,6 +3,9 @@ that an unchanged checkout is not assembled again."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +86,39 @@ def test_an_unchanged_checkout_is_not_assembled_again() -> None:
     stamp = tool.STAMP.stat().st_mtime_ns
     assert tool.assemble() is False and tool.STAMP.stat().st_mtime_ns == stamp
     assert (tool.TREE / "galaxy.yml").read_text().endswith(f"\nversion: {tool.version()}\n")
+
+
+def test_the_build_script_needs_ansible_core_only(tmp_path: Path) -> None:
+    """scripts/build-collection.sh in a copy of the checkout without .venv, with only python3 and
+    ansible-galaxy (ansible-core's) on PATH: it builds the tarball, asking for no apt package
+    and no gpuprov install (scripts/bootstrap.sh is not even there)."""
+    repo = tool.REPO
+    copy = tmp_path / "checkout"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".molecule")
+    for name in ("collection", "docs", "gpuprov", "playbooks", "plugins", "roles"):
+        shutil.copytree(repo / name, copy / name, ignore=ignore)
+    for name in (
+        "README.md",
+        "LICENSE",
+        "pyproject.toml",
+        "dev/tools/build_collection.py",
+        "scripts/build-collection.sh",
+    ):
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(repo / name, copy / name)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("python3", "ansible-galaxy"):
+        (tools / name).symlink_to(Path(sys.executable).with_name(name))
+    env = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path), "GPUPROV_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [str(copy / "scripts/build-collection.sh"), "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == str(copy / "build" / f"gpuprov-kvm-{tool.version()}.tar.gz")
+    assert not (tmp_path / "cache").exists() and not (copy / ".venv").exists()
