@@ -24,11 +24,13 @@ PCI_IDS_PATHS = (
 
 class PciIds:
     """Lookups in a pci.ids file (~1.5 MB): each vendor's section found once, each device line
-    found in it with str.find (C speed: a module pays this on every run, on a slow target too)."""
+    found in it with str.find (C speed: a module pays this on every run, on a slow target too),
+    once per id pair (a host's thousands of VFs are a few ids)."""
 
     def __init__(self, text: str) -> None:
         self._text = text
         self._vendors: dict[int, tuple[str | None, int, int]] = {}  # vendor -> (name, section start, end)
+        self._names: dict[tuple[int, int | None], tuple[str | None, str | None]] = {}  # (vendor, device) -> names
 
     @classmethod
     def load(cls, paths: tuple[str, ...] = PCI_IDS_PATHS) -> PciIds | None:
@@ -62,6 +64,12 @@ class PciIds:
     def lookup(self, vendor: int | None, device: int | None) -> tuple[str | None, str | None]:
         if vendor is None:
             return None, None
+        found = self._names.get((vendor, device))
+        if found is None:
+            found = self._names[vendor, device] = self._lookup(vendor, device)
+        return found
+
+    def _lookup(self, vendor: int, device: int | None) -> tuple[str | None, str | None]:
         name, start, stop = self._vendor(vendor)
         if device is None or name is None:
             return name, None
