@@ -57,6 +57,8 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
 _OPEN_CONFINED = _OPEN_FLAGS | os.O_NOFOLLOW
 # A directory, to list it or open below it (O_DIRECTORY: nothing else is ever opened).
 _DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY
+# A link itself, not followed (readlinkat of "" reads it).
+_LINK_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _SPECIAL = ("", ".", "..")
 
 
@@ -250,12 +252,19 @@ class Sysfs:
             if name in _SPECIAL:
                 return None  # a directory
             dir_fd = self._fds.get(head)
-            if dir_fd is None:
-                found = self._dir(head)
-                if found is None:
-                    return None
-                dir_fd = found[0]
-            return os.readlink(name, dir_fd=dir_fd)
+            if dir_fd is not None:
+                return os.readlink(name, dir_fd=dir_fd)
+            root = self._root()
+            if head and root >= 0 and self._open_in_root is not None:
+                # A directory not open: the link itself, its directories resolved by the kernel (one
+                # call, and one only when it is missing, as a net device's `master` mostly is).
+                fd = self._open_in_root(root, rel, _LINK_FLAGS)
+                try:
+                    return os.readlink("", dir_fd=fd)
+                finally:
+                    os.close(fd)
+            found = self._dir(head)
+            return None if found is None else os.readlink(name, dir_fd=found[0])
         except (OSError, ValueError):
             return None
 
