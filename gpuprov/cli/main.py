@@ -29,7 +29,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     named = addresses(args.device, "--device")
     require = [] if args.require_ready == ["all"] else addresses(args.require_ready, "--require-ready")
-    doc = read_input(args.declaration) if args.declaration else None
+    from .inventory import wanted
+
+    given = wanted(args, args.declaration, "--declaration")
+    source, doc = given or (args.declaration, read_input(args.declaration) if args.declaration else None)
     with host_root(args.root) as root:
         sysfs = Sysfs(root)
         facts = gather(sysfs)
@@ -43,7 +46,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     declared: dict[str, dict[str, str]] | None = None
     refused: list[str] = []
     if doc is not None:
-        declared, refused = _declared_uses(args.declaration, doc, facts)
+        declared, refused = _declared_uses(source, doc, facts)
         named += [a for a in declared if a in facts.pci and a not in named]
     gpus = assess(facts, extra=named + require)
     from ..rules.intent import in_use_by_vm, judge
@@ -71,7 +74,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     nothing = not gate and declared is None  # with a declaration, GPUs it gives no job need nothing
     if args.require_ready and (not_ready or nothing or refused):
         what = ", ".join(g.address for g in not_ready) or ("" if refused else "no GPU found")
-        print(f"gpuprov: not ready: {what or f'{args.declaration} does not fit this host'}", file=sys.stderr)
+        print(f"gpuprov: not ready: {what or f'{source} does not fit this host'}", file=sys.stderr)
         for gpu in not_ready:  # why, and what to do, for a log that has only stderr
             use = f" (use: {gpu.intended_use})" if gpu.intended_use else ""
             for f in gpu.blockers:
@@ -152,6 +155,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="judge each GPU for the use this file declares (gpuprov_host, docs/reference/host-model.md): "
         "vGPU-ready, passthrough-ready or kept by the host; a GPU a running VM holds is in use by it",
     )
+    from .inventory import add_arguments
+
+    add_arguments(p)  # -i INVENTORY --host HOST: the declaration as Ansible sees that host's variables
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(

@@ -2,6 +2,7 @@
 
     gpuprov plan host_vars/gpu-node-01.yml                 # this host
     gpuprov plan vms.yml --root capture.tar.gz --json      # a captured host, for machines
+    gpuprov plan -i inventories/site --host gpu-node-01    # its variables as Ansible sees them
 
 The file is the VM list the role gpu_vms takes: a YAML list of VMs, or a
 mapping with ``gpu_vms_list`` (and optionally ``gpu_vms_defaults``,
@@ -101,8 +102,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..report import write_json
     from ..report.plan import plan_report
     from .common import EXIT_NOT_READY, EXIT_OK, UsageError, host_root, read_input
+    from .inventory import wanted
 
-    doc = read_input(args.vms)
+    given = wanted(args, args.vms, "VMS.yml")
+    if given is None and args.vms is None:
+        raise UsageError("give the VM list (VMS.yml, a host_vars file) or -i INVENTORY --host HOST")
+    source, doc = given or (args.vms, read_input(args.vms))
     with host_root(args.root) as root:
         facts = gather(Sysfs(root))
         model = resolve(doc, facts, cpu_limit=cpu_count(facts))
@@ -121,7 +126,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             check_settings(settings, flags, names)
             problems = flags.items
         if problems:
-            raise UsageError(input_problems(args.vms, problems))
+            raise UsageError(input_problems(source, problems))
         plan = plan_host(facts, model.vm_list, model.settings, path=model.vm_path, declared=model.checked_uses)
         plan.refusals[:0] = model.refusals
         plan.warnings[:0] = model.warnings
@@ -152,7 +157,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "CPUs and hugepages oversubscribed. Prints every problem at once and where each VM would run "
         "(NUMA node, pinned CPUs, hugepages). Read-only.",
     )
-    p.add_argument("vms", metavar="VMS.yml", help="a YAML list of VMs, or a host_vars file with gpu_vms_list")
+    p.add_argument(
+        "vms",
+        metavar="VMS.yml",
+        nargs="?",
+        help="a YAML list of VMs, or a host_vars file (gpuprov_host or gpu_vms_list)",
+    )
+    from .inventory import add_arguments
+
+    add_arguments(p)
     p.add_argument("--root", default="/", help="read this root (an unpacked capture, or its .tar.gz) instead of /")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema gpuprov.plan/v1)")
     p.add_argument(

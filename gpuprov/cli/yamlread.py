@@ -98,6 +98,12 @@ def read_yaml(path: str) -> Any:
         loader = _BoundedLoader(text.removeprefix("\ufeff"))  # its reader refuses control characters here
         return loader.get_single_data()
     except yaml.YAMLError as exc:
+        if "!vault" in str(exc):  # an Ansible vault-encrypted value: Ansible's loader holds the secret
+            raise YamlInputError(
+                f"{path} holds vault-encrypted values (!vault), which only Ansible can read: give the inventory "
+                "instead, -i INVENTORY --host HOST (with --vault-password-file FILE or --vault-id as to "
+                "ansible-playbook)"
+            ) from None
         raise YamlInputError(f"{path} is not valid YAML: {exc}") from None
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         # Values PyYAML's constructors choke on (an integer of 5000 digits, a bad date...).
