@@ -12,12 +12,10 @@ from .sysfs import Sysfs
 def file_state(sysfs: Sysfs, rel: str) -> tuple[bytes | None, int | None]:
     """(bytes, permission bits) of ``rel`` below the root; (None, None) when absent or unreadable."""
     data = sysfs.read_bytes(rel)
-    if data is None:
+    info = None if data is None else sysfs.stat(rel)  # links followed inside the root, as the read did
+    if info is None or not stat.S_ISREG(info.st_mode):
         return None, None
-    try:
-        return data, os.stat(sysfs.path(rel)).st_mode & 0o7777
-    except OSError:
-        return None, None
+    return data, info.st_mode & 0o7777
 
 
 class NotRegular(ValueError):

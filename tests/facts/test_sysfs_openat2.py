@@ -398,3 +398,18 @@ def test_the_safety_suite_passes_without_openat2() -> None:
         check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def test_a_managed_files_mode_is_read_inside_the_root(tmp_path, mode) -> None:
+    """file_state's permission bits come from the file the bytes came from: a link's target inside the
+    root, never the same path outside it."""
+    from gpuprov.facts.files import file_state
+
+    root, outside = hostile_tree(tmp_path)
+    (root / "etc/passwd").chmod(0o640)
+    (outside / "canary").chmod(0o604)
+    s = Sysfs(str(root))
+    assert file_state(s, "etc/abs-passwd") == (b"inside-passwd\n", 0o640)
+    assert file_state(s, "etc/climb-passwd") == (b"inside-passwd\n", 0o640)
+    assert file_state(s, "etc/abs-outside") == (None, None)
+    assert file_state(s, "etc/fifo") == (None, None)
