@@ -5,7 +5,13 @@ The repository is the one source. This script copies (never links: links trip
 ``ansible-test sanity``) into ``build/collections/ansible_collections/gpuprov/kvm/``:
 
 - ``collection/`` (galaxy.yml, with the version of ``gpuprov/__init__.py`` written in;
-  meta/runtime.yml; tests/config.yml and tests/sanity/), README.md and LICENSE;
+  meta/runtime.yml; tests/config.yml and tests/sanity/; README.md, the collection's own),
+  and LICENSE;
+- ``docs/``: the pages the collection's README links, and the pages and files they link, on
+  to the end (:func:`carried_docs`), so that every relative link of the installed collection
+  resolves; a link to a repository file the collection does not hold (a JSON schema of the
+  command line, a test fixture) becomes a link to that file in the repository (galaxy.yml's
+  ``repository``);
 - ``plugins/modules``, ``plugins/lookup`` and ``plugins/doc_fragments``;
 - ``plugins/module_utils/gpuprov``: the part of the ``gpuprov`` package the modules
   import, found by following their imports (:data:`CLI_ONLY` stops the walk);
@@ -30,6 +36,7 @@ import fcntl
 import hashlib
 import io
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -65,7 +72,19 @@ TREES = {
     "collection/meta": "meta",
     "collection/tests": "tests",
 }
-FILES = {"README.md": "README.md", "LICENSE": "LICENSE"}
+FILES = {"collection/README.md": "README.md", "LICENSE": "LICENSE"}
+# The repository's docs the collection carries, from the pages its README links (carried_docs).
+DOCS = "docs"
+# Markdown links, as tests/house/test_docs_links.py finds them: inline (and images) and reference
+# definitions, outside code; group "target" is the link target.
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+_CODE_SPAN = re.compile(r"(`+).+?\1", re.S)
+_LINK = re.compile(
+    r"!?\[[^\]]*\]\(\s*<?(?P<inline>[^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)"
+    r"|^\s*\[[^\]]+\]:\s*<?(?P<ref>\S+?)>?(?:\s+.*)?$",
+    re.M,
+)
+_URL = re.compile(r"^([a-z][a-z0-9+.-]*:|#)", re.I)
 # The boot unit's runner, built from the module_utils package (docs/collection.md).
 BOOT_PYZ = "roles/vgpu_host/files/gpuprov-vgpu.pyz"
 BOOT_PYZ_SHA256 = BOOT_PYZ + ".sha256"
@@ -200,6 +219,64 @@ def plan_copies() -> dict[str, Path]:
     return copies
 
 
+def _markdown_links(text: str) -> Iterator[tuple[int, int, str]]:
+    """(start, end, target) of each relative link target in ``text``: no URLs, mail or in-page anchors."""
+    masked = _FENCE.sub(lambda m: " " * len(m[0]), text)
+    masked = _CODE_SPAN.sub(lambda m: " " * len(m[0]), masked)  # same length: positions stay
+    for match in _LINK.finditer(masked):
+        group = "inline" if match["inline"] is not None else "ref"
+        target = match[group]
+        if not _URL.match(target):
+            yield match.start(group), match.end(group), target
+
+
+def repository_url() -> str:
+    match = re.search(r"^repository:\s*(\S+)\s*$", (REPO / "collection" / "galaxy.yml").read_text(), re.M)
+    if not match:
+        raise BuildError("collection/galaxy.yml has no repository: URL")
+    return match[1].rstrip("/")
+
+
+def carried_docs(copies: dict[str, Path]) -> dict[str, bytes]:
+    """Collection path -> content of each file of ``docs/`` the collection carries.
+
+    From the collection's README (``copies["README.md"]``), every relative link is followed
+    into ``docs/`` (paths in the collection are the repository's there), Markdown pages on
+    to their own links. A link may also name a file the collection holds anyway
+    (``LICENSE``, a role's file); a link to any other repository file is rewritten to that
+    file in the repository (``REPOSITORY/blob/main/PATH``); one that leaves the repository or
+    names nothing is a BuildError."""
+    base = repository_url()
+    docs: dict[str, bytes] = {}
+    todo = ["README.md"]
+    while todo:
+        dest = todo.pop()
+        src = copies[dest] if dest == "README.md" else REPO / dest
+        text = src.read_text(encoding="utf-8")
+        out, last = [], 0
+        for start, end, target in _markdown_links(text):
+            path, _, anchor = target.partition("#")
+            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(dest), path))
+            if resolved.startswith("../") or resolved == "..":
+                raise BuildError(f"{src.relative_to(REPO)}: link {target} leaves the repository")
+            if resolved in copies or resolved in docs:
+                continue
+            if resolved.split("/")[0] == DOCS and (REPO / resolved).is_file():
+                docs[resolved] = (REPO / resolved).read_bytes()
+                if resolved.endswith(".md"):
+                    todo.append(resolved)
+                continue
+            if not (REPO / resolved).exists():
+                raise BuildError(f"{src.relative_to(REPO)}: link {target}: no {resolved} in the repository")
+            out += [text[last:start], f"{base}/blob/main/{resolved}" + (f"#{anchor}" if anchor else "")]
+            last = end
+        if dest != "README.md":
+            docs[dest] = ("".join(out) + text[last:]).encode()
+        elif out:
+            raise BuildError(f"{src.relative_to(REPO)} links {out[1]}: link a page of docs/ or an absolute URL")
+    return docs
+
+
 def boot_pyz(copies: dict[str, Path]) -> bytes:
     """The zipapp of the module_utils ``gpuprov`` package, its ``__main__`` the vGPU boot entry point."""
     prefix = "plugins/module_utils/"
@@ -227,9 +304,12 @@ def galaxy_yml() -> str:
     return text.rstrip("\n") + f"\nversion: {version()}\n"
 
 
-def inputs_digest(copies: dict[str, Path], galaxy: str) -> str:
+def inputs_digest(copies: dict[str, Path], galaxy: str, docs: dict[str, bytes]) -> str:
     digest = hashlib.sha256(Path(__file__).read_bytes())
     digest.update(galaxy.encode())
+    for dest, content in sorted(docs.items()):
+        digest.update(f"\0{dest}\0".encode())
+        digest.update(content)
     for dest, src in sorted(copies.items()):
         digest.update(f"\0{dest}\0{os.stat(src).st_mode & 0o111:o}\0".encode())
         digest.update(src.read_bytes())
@@ -243,7 +323,8 @@ def assemble() -> bool:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the test session and a script may build at once
         copies = plan_copies()
         galaxy = galaxy_yml()
-        digest = inputs_digest(copies, galaxy)
+        docs = carried_docs(copies)
+        digest = inputs_digest(copies, galaxy, docs)
         if TREE.is_dir() and STAMP.is_file() and STAMP.read_text().strip() == digest:
             return False
         TREE.parent.mkdir(parents=True, exist_ok=True)
@@ -253,6 +334,9 @@ def assemble() -> bool:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
         (staging / "galaxy.yml").write_text(galaxy)
+        for dest, content in docs.items():
+            (staging / dest).parent.mkdir(parents=True, exist_ok=True)
+            (staging / dest).write_bytes(content)
         (staging / BOOT_PYZ).parent.mkdir(parents=True, exist_ok=True)
         pyz = boot_pyz(copies)
         (staging / BOOT_PYZ).write_bytes(pyz)

@@ -89,23 +89,21 @@ def test_an_unchanged_checkout_is_not_assembled_again() -> None:
 
 
 def test_the_build_script_needs_ansible_core_only(tmp_path: Path) -> None:
-    """scripts/build-collection.sh in a copy of the checkout without .venv, with only python3 and
-    ansible-galaxy (ansible-core's) on PATH: it builds the tarball, asking for no apt package
-    and no gpuprov install (scripts/bootstrap.sh is not even there)."""
-    repo = tool.REPO
+    """scripts/build-collection.sh in a copy of the checkout (its files as git lists them; no .venv),
+    with only python3 and ansible-galaxy (ansible-core's) on PATH: it builds the tarball, asking
+    for no apt package and no gpuprov install (scripts/bootstrap.sh is left out of the copy)."""
     copy = tmp_path / "checkout"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".molecule")
-    for name in ("collection", "docs", "gpuprov", "playbooks", "plugins", "roles"):
-        shutil.copytree(repo / name, copy / name, ignore=ignore)
-    for name in (
-        "README.md",
-        "LICENSE",
-        "pyproject.toml",
-        "dev/tools/build_collection.py",
-        "scripts/build-collection.sh",
-    ):
-        (copy / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(repo / name, copy / name)
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=tool.REPO,
+        capture_output=True,
+        check=True,
+    )
+    for name in listed.stdout.decode().split("\0"):
+        source = tool.REPO / name
+        if name and name != "scripts/bootstrap.sh" and source.is_file() and not source.is_symlink():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / name)
     tools = tmp_path / "bin"
     tools.mkdir()
     for name in ("python3", "ansible-galaxy"):
@@ -122,3 +120,54 @@ def test_the_build_script_needs_ansible_core_only(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == str(copy / "build" / f"gpuprov-kvm-{tool.version()}.tar.gz")
     assert not (tmp_path / "cache").exists() and not (copy / ".venv").exists()
+
+
+def docs_repo(tmp_path: Path, pages: dict[str, str]) -> dict[str, Path]:
+    """A repository with ``pages`` (path -> text), collection/galaxy.yml naming its repository and a
+    LICENSE; the copies carried_docs starts from (the README, the LICENSE)."""
+    for name, text in {
+        "collection/galaxy.yml": "namespace: gpuprov\nrepository: https://example.org/gpuprov/\n",
+        "LICENSE": "",
+        **pages,
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return {"README.md": tmp_path / "collection/README.md", "LICENSE": tmp_path / "LICENSE"}
+
+
+def test_the_docs_are_the_readmes_links_followed(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(tool, "REPO", tmp_path)
+    copies = docs_repo(
+        tmp_path,
+        {
+            "collection/README.md": "[a](docs/a.md#top) [web](https://x.org) [in](#here) `[code](docs/no.md)` "
+            "[license](LICENSE)\n",
+            "docs/a.md": "[b](sub/b.md), ![pic](pic.png)\n\n```\n[fenced](nothere.md)\n```\n[ref]: sub/b.md\n",
+            "docs/sub/b.md": "[a](../a.md) [schema](../../gpuprov/s.json#x) [fixture](../../tests/f.md)\n",
+            "docs/pic.png": "png",
+            "docs/unlinked.md": "not carried",
+            "gpuprov/s.json": "{}",
+            "tests/f.md": "",
+        },
+    )
+    docs = tool.carried_docs(copies)
+    assert sorted(docs) == ["docs/a.md", "docs/pic.png", "docs/sub/b.md"]
+    assert docs["docs/a.md"] == (tmp_path / "docs/a.md").read_bytes()  # every link carried: as it is
+    assert docs["docs/sub/b.md"].decode() == (
+        "[a](../a.md) [schema](https://example.org/gpuprov/blob/main/gpuprov/s.json#x) "
+        "[fixture](https://example.org/gpuprov/blob/main/tests/f.md)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("pages", "message"),
+    [
+        ({"collection/README.md": "[a](docs/a.md)\n", "docs/a.md": "[up](../../x.md)\n"}, "leaves the repository"),
+        ({"collection/README.md": "[a](docs/a.md)\n", "docs/a.md": "[gone](gone.md)\n"}, "no docs/gone.md"),
+        ({"collection/README.md": "[src](gpuprov/x.py)\n", "gpuprov/x.py": ""}, "link a page of docs/"),
+    ],
+)
+def test_a_link_that_cannot_resolve_is_refused(tmp_path: Path, monkeypatch, pages, message) -> None:
+    monkeypatch.setattr(tool, "REPO", tmp_path)
+    with pytest.raises(tool.BuildError, match=message):
+        tool.carried_docs(docs_repo(tmp_path, pages))

@@ -19,11 +19,13 @@ import pytest
 
 import gpuprov
 from tests.conftest import build_collection_tool, tree_digest
+from tests.house.test_docs_links import relative_links
 from tests.modules.test_modules import bare_python as bare_python  # fixtures: re-exported for pytest
 from tests.modules.test_modules import staged as staged
 
 BIN = Path(sys.executable).parent
-MODULES = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "plugins" / "modules").glob("*.py"))
+REPO = Path(__file__).resolve().parents[2]
+MODULES = sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py"))
 ROLES = [
     "gpu_vms",
     "guest_container_toolkit",
@@ -122,6 +124,24 @@ def test_the_tarball_is_the_collection_without_the_command_line(installed: dict[
     assert "roles/vgpu_host/files/gpuprov-vgpu.pyz" in names  # the boot unit's zipapp, built
     assert not [m.name for m in members if m.issym() or m.islnk()], "links trip ansible-test sanity"
     assert not [n for n in names if "__pycache__" in n or n.startswith("tests/output")]
+
+
+def test_every_relative_link_of_the_installed_collection_resolves(installed: dict[str, Any]) -> None:
+    """Its README is the collection's (collection/README.md), and every relative link of every
+    Markdown file, as installed, leads to a file there: the docs it links come with it."""
+    root = installed["collections"] / "ansible_collections" / "gpuprov" / "kvm"
+    assert (root / "README.md").read_text() == (REPO / "collection" / "README.md").read_text()
+    pages = sorted(root.rglob("*.md"))
+    assert {"README.md", "docs/guides/passthrough.md", "docs/reference/modules.md"} <= {
+        p.relative_to(root).as_posix() for p in pages
+    }
+    broken = {}
+    for page in pages:
+        for target in relative_links(page.read_text(encoding="utf-8")):
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            if not (path.is_file() and path.is_relative_to(root)):
+                broken.setdefault(page.relative_to(root).as_posix(), []).append(target)
+    assert not broken, broken
 
 
 def test_ansible_doc_shows_every_module_by_fqcn(installed: dict[str, Any]) -> None:
