@@ -42,21 +42,19 @@ _MACHINES = {
 # A rename or mount moved something during the lookup: the kernel asks to try again.
 _RETRIES = 4
 
-# (dirfd, path, flags) -> fd, raising OSError; None when unavailable; unset until first asked.
+# (dirfd, path, flags) -> fd, raising OSError; None when unavailable.
 Opener = Callable[[int, str, int], int]
-_opener: Opener | None = None
-_probed = False
+# The process's answer, once asked: {"opener": Opener | None}.
+_state: dict[str, Opener | None] = {}
 
 
 def opener() -> Opener | None:
     """``open_in_root(dirfd, path, flags) -> fd``: ``path`` resolved by the kernel inside ``dirfd``
     (``RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS``); ``None`` where openat2 cannot be used.
     The first call tries it once (on ``/``); the answer holds for the process."""
-    global _opener, _probed
-    if not _probed:
-        _probed = True
-        _opener = _load()
-    return _opener
+    if "opener" not in _state:
+        _state["opener"] = _load()
+    return _state["opener"]
 
 
 def _load() -> Opener | None:
@@ -80,6 +78,7 @@ def _load() -> Opener | None:
     hows: dict[int, tuple[object, int]] = {}  # flags -> (its struct, the struct's address)
     get_errno = ctypes.get_errno
     resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
+    number = _NR_OPENAT2
 
     def open_in_root(dirfd: int, path: str, flags: int) -> int:
         raw = os.fsencode(path)
@@ -91,7 +90,7 @@ def _load() -> Opener | None:
             how = hows[flags] = (struct, ctypes.addressof(struct))
         err = 0
         for _ in range(_RETRIES):
-            fd = call(_NR_OPENAT2, dirfd, raw, how[1], size)
+            fd = call(number, dirfd, raw, how[1], size)
             if fd >= 0:
                 return fd
             err = get_errno()

@@ -290,15 +290,14 @@ def test_what_a_hostile_tree_reads_as(tmp_path, mode) -> None:
 
 def test_fallback_when_the_kernel_has_no_openat2(tmp_path, monkeypatch) -> None:
     """ENOSYS (a kernel before 5.6), as a seccomp filter's EPERM would: the walk, same answers."""
-    monkeypatch.setattr(openat2_mod, "_probed", False)
-    monkeypatch.setattr(openat2_mod, "_opener", None)
+    monkeypatch.setattr(openat2_mod, "_state", {})
     monkeypatch.setattr(openat2_mod, "_NR_OPENAT2", 1 << 20)  # no such system call: ENOSYS
     assert openat2_mod.opener() is None
     root, _outside = hostile_tree(tmp_path)
     s = Sysfs(str(root))
     assert not s.kernel_confined
     assert s.read("etc/abs-passwd") == "inside-passwd" and s.read("etc/abs-outside") is None
-    monkeypatch.setattr(openat2_mod, "_probed", False)
+    monkeypatch.setattr(openat2_mod, "_state", {})
     monkeypatch.setattr(openat2_mod, "_NR_OPENAT2", 437)
     monkeypatch.setenv("GPUPROV_NO_OPENAT2", "1")
     assert openat2_mod.opener() is None
