@@ -1,14 +1,22 @@
 """The collection gpuprov.kvm as a user gets it: its tarball (dev/tools/build_collection.py,
 ``ansible-galaxy collection build``) installed into an empty collections path, then used
 from a directory outside the checkout, with no ansible.cfg of the repo and no other
-collection on the path: ``ansible-doc`` shows every module by FQCN, and a play runs FQCN
-modules and a FQCN role against staged roots on a target Python that has neither gpuprov
-nor ansible."""
+collection on the path: ``ansible-doc`` shows every module by FQCN, every playbook runs by
+FQCN, every relative link of its Markdown resolves, and a play runs FQCN modules and a FQCN
+role against staged roots on a target Python that has neither gpuprov nor ansible.
+
+Twice: with the ansible-core of .venv (pyproject's ansible extra) and with the oldest release
+meta/runtime.yml's ``requires_ansible`` admits, from a virtualenv of that ansible-core alone
+made once under ``${GPUPROV_CACHE:-~/.cache/gpuprov}/ansible-core-X.Y`` (70 MB, ~20 s; the
+package index must be reachable then)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -16,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from ansible.release import __version__ as ansible_core_version
 
 import gpuprov
 from tests.conftest import build_collection_tool, tree_digest
@@ -36,6 +46,9 @@ ROLES = [
     "vfio_host",
     "vgpu_host",
 ]
+PLAYBOOKS = sorted(p.stem for p in (REPO / "playbooks").glob("*.yml"))
+# Old playbook names (no valid FQCN name) kept for one release -> their new names.
+DEPRECATED_PLAYBOOKS = {"gpu-passthrough": "gpu_passthrough"}
 # The command line's modules: in the wheel, never in the collection.
 CLI_ONLY = ["__main__.py", "cli.py", "capture.py", "debpkg.py", "lab.py", "plancmd.py", "table.py"]
 
@@ -83,13 +96,59 @@ PLAY = """\
 """
 
 
+def series(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def oldest_release() -> str:
+    """The lower bound of meta/runtime.yml's requires_ansible (">=2.18" -> "2.18")."""
+    runtime = yaml.safe_load((REPO / "collection" / "meta" / "runtime.yml").read_text())
+    match = re.fullmatch(r">=\s*(\d+\.\d+)(?:\.0)?", runtime["requires_ansible"])
+    assert match, f"requires_ansible {runtime['requires_ansible']!r}: open-ended, >=X.Y"
+    return match[1]
+
+
+CURRENT = series(ansible_core_version)
+RELEASES = [CURRENT, oldest_release()]
+
+
+def ansible_core_bin(release: str) -> Path:
+    """The bin/ of an ansible-core ``release`` (X.Y): .venv's, or a cached venv of that release alone."""
+    if release == CURRENT:
+        return BIN
+    cache = Path(os.environ.get("GPUPROV_CACHE") or Path.home() / ".cache" / "gpuprov")
+    venv = cache / f"ansible-core-{release}"
+    done = venv / ".gpuprov-complete"  # written last: a venv cut short is made again
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".ansible-core-{release}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            shutil.rmtree(venv, ignore_errors=True)
+            major, minor = release.split(".")
+            pin = f"ansible-core>={release},<{major}.{int(minor) + 1}"
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+            for cmd in ([sys.executable, "-m", "venv", str(venv)], [*pip, pin]):
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+                assert proc.returncode == 0, f"{cmd}: {proc.stdout}{proc.stderr}"
+            done.write_text(release + "\n")
+    return venv / "bin"
+
+
 @pytest.fixture(scope="session")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Build the tarball, install it into an empty collections path; the tarball, that path and the env."""
+def tarball(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tool = build_collection_tool()
     tool.assemble()
-    top = tmp_path_factory.mktemp("collection")
-    tarball = tool.tarball(top / "dist")
+    return tool.tarball(tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="session", params=RELEASES, ids=[f"ansible-core-{r}" for r in RELEASES])
+def installed(
+    request: pytest.FixtureRequest, tarball: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """The tarball installed into an empty collections path by one ansible-core release: that
+    release's bin/, the tarball, the collections path, a work directory and the env."""
+    bin_dir = ansible_core_bin(request.param)
+    top = tmp_path_factory.mktemp(f"collection-{request.param}")
     collections = top / "collections"
     work = top / "work"  # outside the checkout: no ansible.cfg here
     work.mkdir()
@@ -101,14 +160,19 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ANSIBLE_LOCALHOST_WARNING="0",
         ANSIBLE_INVENTORY_UNPARSED_WARNING="0",
     )
-    galaxy = [str(BIN / "ansible-galaxy"), "collection", "install", str(tarball), "-p", str(collections)]
+    galaxy = [str(bin_dir / "ansible-galaxy"), "collection", "install", str(tarball), "-p", str(collections)]
     proc = subprocess.run(galaxy, cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {"tarball": tarball, "collections": collections, "work": work, "env": env}
+    assert "does not support Ansible version" not in proc.stdout + proc.stderr  # requires_ansible admits it
+    version = subprocess.run(
+        [str(bin_dir / "ansible-playbook"), "--version"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert f"[core {request.param}." in version, version
+    return {"bin": bin_dir, "tarball": tarball, "collections": collections, "work": work, "env": env}
 
 
-def test_the_tarball_is_the_collection_without_the_command_line(installed: dict[str, Any]) -> None:
-    with tarfile.open(installed["tarball"]) as tar:
+def test_the_tarball_is_the_collection_without_the_command_line(tarball: Path) -> None:
+    with tarfile.open(tarball) as tar:
         members = tar.getmembers()
         manifest = json.load(tar.extractfile("MANIFEST.json"))  # type: ignore[arg-type]
     names = {m.name for m in members}
@@ -120,7 +184,7 @@ def test_the_tarball_is_the_collection_without_the_command_line(installed: dict[
     assert {f"{utils}facts/sysfs.py", f"{utils}modules/common.py", f"{utils}plan/host/vfio.py"} <= names
     assert not [n for n in names if n.startswith(utils) and n[len(utils) :] in CLI_ONLY]
     assert {n.split("/")[1] for n in names if n.startswith("roles/") and n.count("/") > 1} == set(ROLES)
-    assert {"playbooks/gpu_passthrough.yml", "playbooks/gpu-passthrough.yml"} <= names
+    assert sorted(n[len("playbooks/") : -4] for n in names if n.startswith("playbooks/")) == PLAYBOOKS
     assert "roles/vgpu_host/files/gpuprov-vgpu.pyz" in names  # the boot unit's zipapp, built
     assert not [m.name for m in members if m.issym() or m.islnk()], "links trip ansible-test sanity"
     assert not [n for n in names if "__pycache__" in n or n.startswith("tests/output")]
@@ -146,13 +210,13 @@ def test_every_relative_link_of_the_installed_collection_resolves(installed: dic
 
 def test_ansible_doc_shows_every_module_by_fqcn(installed: dict[str, Any]) -> None:
     root = installed["collections"] / "ansible_collections" / "gpuprov" / "kvm"
-    cmd = [str(BIN / "ansible-doc"), *(f"gpuprov.kvm.{m}" for m in MODULES)]
+    cmd = [str(installed["bin"] / "ansible-doc"), *(f"gpuprov.kvm.{m}" for m in MODULES)]
     proc = subprocess.run(cmd, cwd=installed["work"], env=installed["env"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     for module in MODULES:
         assert f"> MODULE gpuprov.kvm.{module} ({root}/plugins/modules/{module}.py)" in proc.stdout
     listed = subprocess.run(
-        [str(BIN / "ansible-doc"), "-l", "gpuprov.kvm"],
+        [str(installed["bin"] / "ansible-doc"), "-l", "gpuprov.kvm"],
         cwd=installed["work"],
         env=installed["env"],
         capture_output=True,
@@ -160,6 +224,33 @@ def test_ansible_doc_shows_every_module_by_fqcn(installed: dict[str, Any]) -> No
         check=False,
     )
     assert sorted(line.split()[0] for line in listed.stdout.splitlines()) == [f"gpuprov.kvm.{m}" for m in MODULES]
+
+
+def test_every_playbook_is_callable_by_fqcn(installed: dict[str, Any]) -> None:
+    """ansible-playbook gpuprov.kvm.NAME finds every playbook (a hyphen is no FQCN name: only the
+    deprecated old names have one, each kept as an import of its new name)."""
+    names = [p for p in PLAYBOOKS if p not in DEPRECATED_PLAYBOOKS]
+    assert set(DEPRECATED_PLAYBOOKS.values()) <= set(names)
+    assert not [n for n in names if not re.fullmatch(r"[a-z_][a-z0-9_]*", n)], "a playbook name is no FQCN name"
+    cmd = [str(installed["bin"] / "ansible-playbook"), "-i", "localhost,", "--syntax-check"]
+    proc = subprocess.run(
+        cmd + [f"gpuprov.kvm.{n}" for n in names],
+        cwd=installed["work"],
+        env=installed["env"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    root = installed["collections"] / "ansible_collections" / "gpuprov" / "kvm"
+    assert re.findall(r"^playbook: (.*)$", proc.stdout, re.M) == [f"{root}/playbooks/{n}.yml" for n in names]
+
+
+def test_the_readme_names_every_playbook_role_and_module_by_fqcn() -> None:
+    readme = (REPO / "collection" / "README.md").read_text()
+    named = set(re.findall(r"`gpuprov\.kvm\.([a-z0-9_]+)`", readme))
+    playbooks = {p for p in PLAYBOOKS if p not in DEPRECATED_PLAYBOOKS}
+    assert playbooks | set(ROLES) | set(MODULES) <= named, (playbooks | set(ROLES) | set(MODULES)) - named
 
 
 def test_a_play_outside_the_repo_runs_the_modules_and_a_role(
@@ -178,7 +269,7 @@ def test_a_play_outside_the_repo_runs_the_modules_and_a_role(
             "refuse_root": str(refuse_root),
             "results_file": str(results),
         }
-        cmd = [str(BIN / "ansible-playbook"), "-i", "localhost,", "play.yml", "-e", json.dumps(variables)]
+        cmd = [str(installed["bin"] / "ansible-playbook"), "-i", "localhost,", "play.yml", "-e", json.dumps(variables)]
         proc = subprocess.run(cmd, cwd=work, env=installed["env"], capture_output=True, text=True, check=False)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
         return json.loads(results.read_text())
@@ -198,7 +289,7 @@ def test_a_play_outside_the_repo_runs_the_modules_and_a_role(
 
 def test_nothing_of_the_checkout_was_used(installed: dict[str, Any]) -> None:
     """The play's gpuprov.kvm is the installed one: the only collection the environment can see."""
-    cmd = [str(BIN / "ansible-galaxy"), "collection", "list", "--format", "json"]
+    cmd = [str(installed["bin"] / "ansible-galaxy"), "collection", "list", "--format", "json"]
     proc = subprocess.run(cmd, cwd=installed["work"], env=installed["env"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     found = {
