@@ -435,7 +435,8 @@ def test_values_read_from_the_host_or_options_never_reach_a_script_or_path_unche
     assert p.stage == "armed" and not any("reboot" in str(a.content) for a in p.actions if a.path == TRIAL_SCRIPT)
     assert any("no hardware watchdog" in w for w in p.warnings)
     bad = plan(tmp_path, expect_vfio=["../../etc"])
-    assert bad.stage == "refused" and "not a full PCI address" in bad.refusals[0].message
+    # The one rule for a PCI address (gpuprov.inputs.validate.pci_address), its words as every input's.
+    assert bad.stage == "refused" and "expect_vfio[0]: '../../etc' is not a PCI address" in bad.refusals[0].message
     cfg = (
         (tmp_path / "boot/grub/grub.cfg")
         .read_text()

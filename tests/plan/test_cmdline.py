@@ -18,11 +18,10 @@ from gpuprov.apply.actions import apply
 from gpuprov.facts.boot import BootFacts, gather
 from gpuprov.facts.iommu import kernel_param, kernel_split, parse_cmdline
 from gpuprov.facts.sysfs import Sysfs
+from gpuprov.inputs.kernel_args import MAX_LINE, argument_problem
 from gpuprov.plan.host.cmdline import (
-    MAX_LINE,
     CmdlinePlan,
     CmdlineRequest,
-    argument_problem,
     build_request,
     choose_bootloader,
     edit_args,

@@ -93,6 +93,20 @@ def test_expert_override_binds_with_a_loud_warning(staged) -> None:
     assert any("OVERRIDDEN by allow_unsafe" in w and "default route" in w for w in plan.warnings)
 
 
+def test_devices_and_allow_unsafe_pass_the_one_address_rule_and_are_compared_normalised(staged) -> None:
+    """Both options go through gpuprov.inputs.validate.pci_address: the short or upper-case form of
+    an address is the address (the override used to be compared as written, so it missed), and a
+    malformed override is refused, naming the item, instead of overriding nothing."""
+    root = staged("gpu-bridge-nic")
+    plan = plan_for(root, ["02:01.0"], allow_unsafe=["0000:02:01.0".upper()])
+    assert not plan.refused and plan.bind_set[0] == "0000:02:01.0"
+    assert any("OVERRIDDEN by allow_unsafe" in w for w in plan.warnings)
+    bad = plan_for(root, ["0000:02:01.0"], allow_unsafe=["02:01"])
+    assert bad.refused and not bad.actions
+    assert bad.refusals[0].message.startswith("allow_unsafe[0]: '02:01' is not a PCI address")
+    assert plan_for(root, ["0000:02:01.0\n"]).refusals[0].message.startswith("devices[0]: '0000:02:01.0\\n' holds")
+
+
 # ------------------------------------------------------------------ binding
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...core.plan import COMMAND, REMOVE_FILE, Action, Refusal, file_action, sysfs_write
 from ...facts.bootloader import (
@@ -36,7 +36,6 @@ from ...facts.bootloader import (
     GRUB_ENV,
     INITRAMFS_MODULES,
     KERNEL_CMDLINE,
-    MODULE_NAME,
     MODULES_LOAD,
     TRIAL_ARG,
     TRIAL_ENTRY,
@@ -52,18 +51,15 @@ from ...facts.bootloader import (
     TrialChecks,
 )
 from ...facts.iommu import kernel_param, kernel_split, parse_cmdline
-from ...facts.pci import PCI_ADDRESS_RE
+from ...inputs.kernel_args import MAX_LINE, TrialOptions, argument_problem, show, trial_options
 from .cmdline import (
-    MAX_LINE,
     CmdlinePlan,
     CmdlineRequest,
-    argument_problem,
     edit_args,
     grubby_default_args,
     plan_grub,
     plan_grubby,
     reboot_owed,
-    show,
 )
 
 DOC = "docs/reference/boot-trial.md"
@@ -135,25 +131,20 @@ def wanted_args(cpu_vendor: str | None, request: BootRequest) -> list[str]:
     return args + (["iommu=pt"] if request.passthrough else []) + list(request.extra_args)
 
 
-def request_problems(request: BootRequest) -> list[Refusal]:
-    refusals = []
-    for arg in request.extra_args:
-        problem = argument_problem(arg)
-        if problem:
-            refusals.append(Refusal(f"extra_args: {show(str(arg))} {problem[0]}", problem[1]))
-    for name in [*request.vfio_modules, *([request.watchdog_module] if request.watchdog_module else [])]:
-        if not isinstance(name, str) or not MODULE_NAME.match(name):
-            refusals.append(Refusal(f"{show(str(name))} is not a kernel module name", "use names like vfio_pci"))
-    for address in request.expect_vfio:
-        if not isinstance(address, str) or not PCI_ADDRESS_RE.match(address):
-            refusals.append(
-                Refusal(f"expect_vfio: {show(str(address))} is not a full PCI address", "write it as 0000:01:00.0")
-            )
-    if not 1 <= request.panic_seconds <= 3600:
-        refusals.append(Refusal(f"panic_seconds {request.panic_seconds} is out of range", "give 1 to 3600"))
-    if not 60 <= request.watchdog_seconds <= 7200:
-        refusals.append(Refusal(f"watchdog_seconds {request.watchdog_seconds} is out of range", "give 60 to 7200"))
-    return refusals
+def checked_request(request: BootRequest) -> tuple[BootRequest, list[Refusal]]:
+    """``request`` through the input boundary (:func:`gpuprov.inputs.kernel_args.trial_options`): its
+    kernel arguments, module names, PCI addresses (normalised) and ranges; every problem a refusal."""
+    options, refusals = trial_options(
+        TrialOptions(
+            extra_args=request.extra_args,
+            vfio_modules=request.vfio_modules,
+            watchdog_module=request.watchdog_module,
+            expect_vfio=request.expect_vfio,
+            panic_seconds=request.panic_seconds,
+            watchdog_seconds=request.watchdog_seconds,
+        )
+    )
+    return replace(request, expect_vfio=options.expect_vfio), refusals
 
 
 # -- vfio at boot and in the initramfs --------------------------------------------------------
@@ -488,7 +479,8 @@ def _failed_record(state: dict, boot_id: str, why: str) -> dict:
 
 def plan_boot(inputs: BootInputs, request: BootRequest) -> BootPlan:
     boot = inputs.boot
-    plan = BootPlan(refusals=request_problems(request))
+    request, refusals = checked_request(request)
+    plan = BootPlan(refusals=refusals)
     if plan.refused:
         plan.stage = "refused"
         return plan

@@ -10,10 +10,11 @@ decided by comparing the wanted arguments with ``/proc/cmdline``.
 Untrusted input (docs/reference/kernel-cmdline.md): ``update-grub`` sources
 ``/etc/default/grub`` as shell, as root, and pastes the variable into
 ``grub.cfg``, which GRUB parses as its own script at boot. So every argument
-passes :func:`argument_problem` (exactly one kernel argument, of characters
-that neither shell nor GRUB's script expand), the variable is written quoted
-so that sourcing gives back exactly the arguments, and a file whose current
-line cannot be read that safely is refused, unchanged.
+passes :func:`gpuprov.inputs.kernel_args.argument_problem` (exactly one kernel
+argument, of characters that neither shell nor GRUB's script expand; the
+module's options are checked there too, :func:`build_request`), the variable
+is written quoted so that sourcing gives back exactly the arguments, and a
+file whose current line cannot be read that safely is refused, unchanged.
 """
 
 from __future__ import annotations
@@ -24,31 +25,17 @@ from dataclasses import dataclass, field
 from ...core.plan import COMMAND, Action, Plan, Refusal, file_action
 from ...facts.boot import GRUB_DEFAULT, GRUB_DROPINS, BootFacts
 from ...facts.iommu import kernel_param, kernel_split, parse_cmdline
+from ...inputs.kernel_args import (
+    COMMAND_LINE_SIZE,
+    MAX_LINE,
+    argument_problem,
+    cmdline_options,
+    show,
+)
 
 DOC = "docs/reference/kernel-cmdline.md"
-# The only variables edited: GRUB's kernel command-line variables whose arguments /proc/cmdline
-# shows after a normal boot (RECOVERY and XEN ones never reach it, so no reboot verdict).
-GRUB_VARIABLES = ("GRUB_CMDLINE_LINUX_DEFAULT", "GRUB_CMDLINE_LINUX")
-# x86's COMMAND_LINE_SIZE (arch/x86/include/asm/setup.h) counts the terminating NUL.
-COMMAND_LINE_SIZE = 2048
-MAX_LINE = COMMAND_LINE_SIZE - 1
 # /etc/default/grub is a page or two; a larger file is refused before it is scanned (issue 26).
 MAX_GRUB_DEFAULT = 256 * 1024
-
-_PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))
-# Never accepted: shell expansion in double quotes ($ ` \), our single-quoted form ('),
-# and double quotes outside the one quoted form name="value".
-_NEVER = "$`\\'"
-_QUOTED_CHARS = "".join(c for c in _PRINTABLE if c not in _NEVER + '"')
-# An unquoted value is pasted into grub.cfg as a bare word: no space, no GRUB script
-# operators ({ } | & ; < >), no comment (#), no wildcard (* ? [ ]).
-_GRUB_SPECIAL = "{}|&;<>#*?[]"
-_BARE_CHARS = "".join(c for c in _QUOTED_CHARS if c not in " " + _GRUB_SPECIAL)
-_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
-_ARGUMENT = re.compile(
-    rf'(?P<name>{_NAME})(?:=(?P<value>"[{re.escape(_QUOTED_CHARS)}]*"|[{re.escape(_BARE_CHARS)}]*))?\Z'
-)
-_QUOTED_FIX = 'write a value with spaces or other special characters in double quotes, name="a b"'
 
 
 @dataclass
@@ -65,113 +52,11 @@ class CmdlinePlan(Plan):
     reboot_required: bool = False
 
 
-def show(text: str, limit: int = 60) -> str:
-    """``text`` quoted for a message: control and non-ASCII characters escaped, long text cut."""
-    return ascii(text[:limit]) + ("..." if len(text) > limit else "")
-
-
-def argument_problem(arg: object) -> tuple[str, str] | None:
-    """(what is wrong, how to fix it) when ``arg`` is not exactly one kernel argument that is safe
-    in /etc/default/grub and grub.cfg; None when it is. The one validator of an argument."""
-    if not isinstance(arg, str):
-        return f"is a {type(arg).__name__}, not text", "give each argument as a string, name or name=value"
-    if not arg:
-        return "is empty", "drop the empty item"
-    if len(arg) > MAX_LINE:
-        return (
-            f"is {len(arg)} characters long; the kernel's whole command line holds at most {MAX_LINE}",
-            "shorten it",
-        )
-    for i, ch in enumerate(arg):
-        if ch < " " or ch == "\x7f":
-            return (
-                f"holds the control character {ch!a} at position {i}",
-                "remove it: an argument is printable ASCII on one line (the kernel splits on tabs and newlines)",
-            )
-        if ch > "\x7e":
-            return (
-                f"holds the non-ASCII character {ch!a} at position {i}",
-                "use ASCII: the kernel splits arguments on byte 0xA0, which UTF-8 uses inside other characters",
-            )
-        if ch == "'":
-            return (
-                f"holds ' at position {i}: the kernel does not take ' as a quote, and gpuprov may write "
-                "the variable single-quoted",
-                f"remove it; {_QUOTED_FIX}",
-            )
-        if ch in _NEVER:
-            return (
-                f"holds {ch} at position {i}: update-grub sources /etc/default/grub as shell as root, "
-                "and GRUB reads grub.cfg as script; both expand or escape with it",
-                "remove it: no quoting makes $ ` or \\ safe there",
-            )
-    tokens = kernel_split(arg)
-    if tokens != [arg]:
-        return (
-            f"is {len(tokens)} kernel arguments, not one (the kernel splits on spaces outside double quotes)",
-            f"give each argument as its own item; {_QUOTED_FIX}",
-        )
-    m = _ARGUMENT.match(arg)
-    if m:
-        return None
-    name, _sep, value = arg.partition("=")
-    if not re.fullmatch(_NAME, name):
-        return (
-            f"has the name {show(name)}, not a kernel parameter name",
-            "use name or name=value, the name of letters, digits, _ . and - (not starting with - or .)",
-        )
-    if '"' in value:
-        return (
-            'has a double quote outside the one quoted form name="value"',
-            'quote the whole value, name="a b", with no other double quote in it',
-        )
-    bad = next(c for c in value if c not in _BARE_CHARS)
-    return (
-        f"has {bad!r} in an unquoted value, which GRUB's script language (grub.cfg) reads as an operator, "
-        "comment or wildcard",
-        f'quote the value: {name}="{value}"',
-    )
-
-
 def build_request(arguments: object, remove: object, variable: object) -> tuple[CmdlineRequest, list[Refusal]]:
-    """The module's options checked: every problem is a refusal naming the item and the fix."""
-    refusals: list[Refusal] = []
-    request = CmdlineRequest()
-    if variable not in GRUB_VARIABLES:
-        refusals.append(
-            Refusal(
-                f"variable {show(str(variable))} is not a GRUB kernel command-line variable",
-                f"use {' or '.join(GRUB_VARIABLES)} (update-grub runs /etc/default/grub as shell; "
-                "no other variable is edited)",
-            )
-        )
-    else:
-        request.variable = str(variable)
-    added: dict[str, str] = {}
-    for option, items in (("arguments", arguments), ("remove", remove)):
-        for item in items if isinstance(items, list) else [items]:
-            problem = argument_problem(item)
-            if problem:
-                refusals.append(Refusal(f"{option}: {show(str(item))} {problem[0]}", problem[1]))
-                continue
-            if not isinstance(item, str):  # argument_problem refuses every non-string: never reached
-                continue
-            name = kernel_param(item)[0]
-            if option == "remove":
-                if name in added:
-                    refusals.append(Refusal(f"{name} is both in arguments and in remove", "keep it in one of them"))
-                request.remove.append(name)
-            elif name in added and added[name] != item:
-                refusals.append(
-                    Refusal(
-                        f"arguments: {name} is given twice ({show(added[name])}, {show(item)})",
-                        "give each name once: the module keeps one value per name",
-                    )
-                )
-            elif name not in added:
-                added[name] = item
-                request.add.append(item)
-    return request, refusals
+    """The module's options through the input boundary (:func:`gpuprov.inputs.kernel_args.cmdline_options`):
+    every problem is a refusal naming the item and the fix."""
+    options, refusals = cmdline_options(arguments, remove, variable)
+    return CmdlineRequest(add=options.add, remove=options.remove, variable=options.variable), refusals
 
 
 def edit_args(current: list[str], add: list[str], remove: list[str]) -> list[str]:

@@ -10,12 +10,12 @@ address only: two identical GPUs, one kept for the host, is the common case.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...core.plan import COMMAND, Action, Plan, Refusal, file_action, sysfs_write
 from ...facts.evidence import IN_USE
 from ...facts.host import HostFacts
-from ...facts.pci import PciAddressError, normalize_address
+from ...inputs.validate import Problems, pci_address
 from ...rules.assess import (
     BLOCKER,
     NEVER_OVERRIDDEN,
@@ -119,14 +119,22 @@ def dracut_conf(addresses: list[str]) -> str | None:
     )
 
 
+def _addresses(option: str, values: list[str], plan: Plan) -> list[str]:
+    """An option's PCI addresses that pass the one rule for them (:func:`gpuprov.inputs.validate.pci_address`),
+    normalised; a refusal for each that does not."""
+    out = []
+    for i, value in enumerate(values):
+        problems = Problems()
+        address = pci_address(problems, f"{option}[{i}]", value)
+        plan.refusals += problems.items
+        if address is not None:
+            out.append(address)
+    return out
+
+
 def _normalize(request: VfioRequest, facts: HostFacts, plan: Plan) -> list[str]:
     wanted: list[str] = []
-    for text in request.devices:
-        try:
-            addr = normalize_address(text)
-        except PciAddressError as exc:
-            plan.refusals.append(Refusal(str(exc)))
-            continue
+    for addr in _addresses("devices", request.devices, plan):
         if addr not in facts.pci:
             plan.refusals.append(
                 Refusal(
@@ -251,6 +259,7 @@ def plan_vfio(
         plan.refusals.append(Refusal(f"state '{request.state}' is not one of bound, unbound"))
         return plan
     wanted = _normalize(request, facts, plan)
+    request = replace(request, allow_unsafe=_addresses("allow_unsafe", request.allow_unsafe, plan))
     if plan.refused:
         return plan
     bind_set = sorted({a for w in wanted for a in [w, *companions_of(facts, w)]})
