@@ -16,6 +16,8 @@ The repository is the one source. This script copies (never links: links trip
 - ``plugins/module_utils/gpuprov``: the part of the ``gpuprov`` package the modules
   import, found by following their imports (:data:`CLI_ONLY` stops the walk);
 - ``roles/`` and ``playbooks/``;
+- ``changelogs/`` (antsibull-changelog's config, changelog.yaml and the fragments not yet
+  released) and ``CHANGELOG.md``, which ``--changelog-release`` writes (:func:`changelog`);
 - ``roles/vgpu_host/files/gpuprov-vgpu.pyz``: a zipapp of that module_utils package whose
   ``__main__`` runs the vGPU boot entry point (gpuprov.apply.vgpu); the role installs it as
   ``/usr/lib/gpuprov/gpuprov-vgpu.pyz`` for ``gpuprov-vgpu.service``. Deterministic: sorted
@@ -71,8 +73,11 @@ TREES = {
     "playbooks": "playbooks",
     "collection/meta": "meta",
     "collection/tests": "tests",
+    "changelogs": "changelogs",
 }
-FILES = {"collection/README.md": "README.md", "LICENSE": "LICENSE"}
+FILES = {"collection/README.md": "README.md", "LICENSE": "LICENSE", "CHANGELOG.md": "CHANGELOG.md"}
+# What antsibull-changelog keeps of a run (changelog): the release data and its rendering.
+CHANGELOG_OUTPUTS = ("changelogs/changelog.yaml", "CHANGELOG.md")
 # The repository's docs the collection carries, from the pages its README links (carried_docs).
 DOCS = "docs"
 # Markdown links, as tests/house/test_docs_links.py finds them: inline (and images) and reference
@@ -213,6 +218,8 @@ def plan_copies() -> dict[str, Path]:
         for path in walk(REPO / src):
             copies[f"{dest}/{path.relative_to(REPO / src).as_posix()}"] = path
     for src, dest in FILES.items():
+        if src == "CHANGELOG.md" and not (REPO / src).is_file():
+            continue  # antsibull-changelog writes it at the first release
         copies[dest] = REPO / src
     for path in module_utils_closure():
         copies[f"plugins/module_utils/{path.relative_to(REPO).as_posix()}"] = path
@@ -371,13 +378,54 @@ def tarball(output: Path) -> Path:
     return path
 
 
+def changelog(args: list[str], write: bool = False) -> dict[str, str]:
+    """``antsibull-changelog ARGS`` in a copy of the assembled collection (it reads galaxy.yml,
+    the plugins' docs and changelogs/ there); CHANGELOG_OUTPUTS and the fragments left, as it
+    leaves them (path -> text). With ``write``, the repository gets them: those files written,
+    the fragments it folded into a release removed."""
+    tool = shutil.which("antsibull-changelog", path=str(Path(sys.executable).parent)) or shutil.which(
+        "antsibull-changelog"
+    )
+    if tool is None:
+        raise BuildError("antsibull-changelog not found: pip install antsibull-changelog (pyproject's test extra)")
+    fragments = "changelogs/fragments/"
+    assemble()
+    with tempfile.TemporaryDirectory(prefix="gpuprov-changelog.") as top:
+        copy = Path(top, "ansible_collections", NAMESPACE, NAME)
+        shutil.copytree(TREE, copy)
+        proc = subprocess.run([tool, *args], cwd=copy, capture_output=True, text=True, check=False, timeout=600)
+        if proc.returncode != 0:
+            raise BuildError(f"antsibull-changelog {' '.join(args)} failed:\n{proc.stdout}{proc.stderr}")
+        result = {name: (copy / name).read_text() for name in CHANGELOG_OUTPUTS}
+        result |= {fragments + p.name: p.read_text() for p in sorted((copy / fragments).glob("*"))}
+    if write:
+        for name in CHANGELOG_OUTPUTS:
+            (REPO / name).write_text(result[name])
+        for path in sorted((REPO / fragments).glob("*")):
+            if fragments + path.name not in result:
+                path.unlink()
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tarball", action="store_true", help="also build the collection tarball")
     parser.add_argument("--output", type=Path, default=BUILD, help="where the tarball goes (default: build/)")
     parser.add_argument("--quiet", action="store_true", help="print only the tarball's path")
+    parser.add_argument(
+        "--changelog-release",
+        metavar="DATE",
+        nargs="?",
+        const="",
+        help="release gpuprov/__init__.py's version in changelogs/changelog.yaml and CHANGELOG.md from the "
+        "fragments (antsibull-changelog release [--date DATE]), and remove those fragments",
+    )
     args = parser.parse_args(argv)
     try:
+        if args.changelog_release is not None:
+            changelog(["release", *(["--date", args.changelog_release] if args.changelog_release else [])], True)
+            print(f"changelogs/changelog.yaml, CHANGELOG.md: {version()} released", file=sys.stderr)
+            return 0
         changed = assemble()
         if not args.quiet:
             print(f"{TREE.relative_to(REPO)}: {'assembled' if changed else 'up to date'}", file=sys.stderr)
