@@ -55,6 +55,8 @@ ALLOWED_WRITERS = {
     "gpuprov/cli/capture.py": "runs the capture's read-only commands (lspci, dmesg...) into the tarball it writes",
     # The command line's own output, where the user asked for it.
     "gpuprov/cli/topology.py": "writes the SVG picture to the path given with --svg",
+    "gpuprov/cli/fleet.py": "runs ansible-playbook (the fleet report's play, read-only on the hosts) and writes "
+    "the page and the metrics to the paths given with --html and --prom (each whole, through a temporary file)",
     "gpuprov/cli/rootfs.py": "unpacks a capture into a private (0700) temporary directory it removes after",
     # Scratch of one process.
     "gpuprov/bytecode_cache.py": "caches compiled bytecode in its own cache directory (import time)",

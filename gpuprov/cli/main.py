@@ -184,6 +184,7 @@ COMMAND_MODULES = {
     "verify": ".verify",
     "plan": ".plan",
     "topology": ".topology",
+    "fleet": ".fleet",
     "init": ".declare",
     "convert": ".declare",
     "schema": ".declare",

@@ -1,0 +1,246 @@
+"""``gpuprov fleet``: every host of an Ansible inventory against its declaration, in one document
+(schema ``gpuprov.fleet/v1``) and one page (docs/guides/fleet.md).
+
+    gpuprov fleet -i inventory.yml                     # a summary: each host's status and why
+    gpuprov fleet -i inventory.yml --json              # the document
+    gpuprov fleet -i inventory.yml -f 50 --html fleet.html --prom /var/lib/node_exporter/gpuprov.prom
+
+It runs ``ansible-playbook`` on the playbook ``gpuprov.kvm.fleet_report`` (one module run per host,
+:mod:`gpuprov.report.fleet`'s :func:`host_record` on the host) with ansible.posix's ``json``
+callback, at the forks the user gives (else Ansible's own setting), and puts the results
+together: each host's record, and each host that gave none listed as ``unreachable`` or
+``failed`` with Ansible's message, never dropped. A host with ``gpuprov_root`` (a staged root
+of a capture, ``ansible_connection: local``) is read below that root: a dry-run member.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .common import EXIT_OK, UsageError
+
+PLAYBOOK = "gpuprov.kvm.fleet_report"
+CALLBACK = "ansible.posix.json"
+# A checkout's own collection (dev/tools/build_collection.py assembles it there).
+CHECKOUT_COLLECTIONS = Path(__file__).resolve().parents[2] / "build" / "collections"
+
+
+def ansible_playbook() -> str:
+    """The ansible-playbook beside this Python (a venv's), else on the PATH."""
+    found = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) or shutil.which("ansible-playbook")
+    if found is None:
+        raise UsageError(
+            "ansible-playbook is not installed: pip install 'gpuprov[ansible]' (ansible-core and ansible.posix)"
+        )
+    return found
+
+
+def environment() -> dict[str, str]:
+    """ansible-playbook's environment: the json stdout callback; a checkout's collection found too."""
+    env = dict(os.environ)
+    env["ANSIBLE_STDOUT_CALLBACK"] = CALLBACK
+    env.setdefault("ANSIBLE_NOCOLOR", "1")
+    env.setdefault("ANSIBLE_RETRY_FILES_ENABLED", "False")
+    if (
+        "ANSIBLE_COLLECTIONS_PATH" not in env
+        and (CHECKOUT_COLLECTIONS / "ansible_collections" / "gpuprov" / "kvm").is_dir()
+    ):
+        defaults = ["~/.ansible/collections", "/usr/share/ansible/collections"]
+        env["ANSIBLE_COLLECTIONS_PATH"] = os.pathsep.join([str(CHECKOUT_COLLECTIONS), *defaults])
+    return env
+
+
+def command(args: argparse.Namespace) -> list[str]:
+    cmd = [ansible_playbook(), "-i", args.inventory]
+    if args.forks is not None:
+        cmd += ["-f", str(args.forks)]
+    if args.limit:
+        cmd += ["-l", args.limit]
+    if args.become:
+        cmd.append("--become")
+    for value in args.extra_vars:
+        cmd += ["-e", value]
+    for value in args.vault_id:
+        cmd += ["--vault-id", value]
+    for value in args.vault_password_file:
+        cmd += ["--vault-password-file", value]
+    return [*cmd, args.playbook]
+
+
+def parse_output(stdout: str) -> dict[str, Any]:
+    """The json callback's document (whatever Ansible printed before it is skipped)."""
+    start = stdout.find("{")
+    while start >= 0:
+        try:
+            doc = json.loads(stdout[start:])
+        except json.JSONDecodeError:
+            start = stdout.find("\n{", start + 1)
+            start = start + 1 if start >= 0 else -1
+            continue
+        if isinstance(doc, dict) and "stats" in doc:
+            return doc
+        break
+    raise ValueError("no JSON document of the json callback in ansible-playbook's output")
+
+
+def _message(result: dict[str, Any]) -> str:
+    said = str(result.get("msg") or "").strip()
+    detail = str(result.get("module_stderr") or result.get("stderr") or "").strip()
+    if detail:
+        said = f"{said}: {detail.splitlines()[-1]}" if said else detail.splitlines()[-1]
+    return said[:2000] or "no message"
+
+
+def records(output: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Host -> its record, from the json callback's document: the task's result where the host
+    answered, ``unreachable``/``failed`` (with Ansible's message) where it did not. Every host of
+    the stats is there, and every host any task of the play named."""
+    from ..report.fleet import unanswered
+
+    results: dict[str, dict[str, Any]] = {}
+    for play in output.get("plays") or []:
+        for task in play.get("tasks") or []:
+            for host, result in (task.get("hosts") or {}).items():
+                if isinstance(result, dict) and (host not in results or isinstance(result.get("fleet"), dict)):
+                    results[host] = result  # the reading task's result wins over any other task's
+    out: dict[str, dict[str, Any]] = {}
+    for host in sorted(set(results) | set(output.get("stats") or {})):
+        result = results.get(host)
+        stats = (output.get("stats") or {}).get(host) or {}
+        if result is None:
+            why = "unreachable" if stats.get("unreachable") else "failed"
+            out[host] = unanswered(host, why, "Ansible gave no result for this host")
+        elif result.get("unreachable"):
+            out[host] = unanswered(host, "unreachable", _message(result))
+        elif result.get("failed") or not isinstance(result.get("fleet"), dict):
+            out[host] = unanswered(host, "failed", _message(result))
+        else:
+            out[host] = result["fleet"]
+    return out
+
+
+def run_play(args: argparse.Namespace) -> dict[str, Any]:
+    cmd = command(args)
+    try:
+        proc = subprocess.run(cmd, env=environment(), capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise UsageError(f"ansible-playbook could not run: {exc}") from None
+    try:
+        return parse_output(proc.stdout)
+    except ValueError:
+        said = (proc.stderr.strip() or proc.stdout.strip() or f"exit status {proc.returncode}").splitlines()
+        hint = ""
+        if any("could not be found" in line or "unknown playbook" in line.lower() for line in said):
+            hint = "; install the collection gpuprov.kvm (ansible-galaxy collection install) or give --playbook"
+        if any(CALLBACK in line for line in said):
+            hint = "; the json callback is ansible.posix's: ansible-galaxy collection install ansible.posix"
+        raise UsageError(
+            f"ansible-playbook failed (exit {proc.returncode}): {said[-1][:500] if said else ''}{hint}"
+        ) from None
+
+
+def write_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a textfile collector never reads half a file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".gpuprov-", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}; give a path in a writable directory") from None
+
+
+def print_summary(document: dict[str, Any]) -> None:
+    from .textsafe import safe_text
+
+    s = document["summary"]
+    print(
+        f"{s['hosts']} host(s): {s['converged']} converged, {s['drifted']} drifted, {s['not_ready']} not ready, "
+        f"{s['unreachable']} unreachable, {s['failed']} failed; {s['gpus']} GPU(s), {s['gpus_not_ready']} not ready, "
+        f"{s['gpus_failing']} failing"
+    )
+    for h in document["hosts"]:
+        gpus = h.get("gpus") or []
+        print(
+            f"{safe_text(h['host'])}: {h['status']}" + (f" ({len(gpus)} GPU{'s' * (len(gpus) != 1)})" if gpus else "")
+        )
+        if h.get("message"):
+            print(f"  {safe_text(h['message'])}")
+        for r in h["not_ready"]:
+            where = f" [{r['entry']}]" if r.get("entry") else ""
+            print(f"  not ready: {safe_text(r['message'])}{safe_text(where)}")
+        for d in h["drift"]:
+            where = f" [{d['entry']}]" if d.get("entry") else ""
+            print(f"  drift: {safe_text(d['message'])}{safe_text(where)}")
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from ..report import write_json
+    from ..report.fleet import fleet_document, prometheus_text
+
+    if args.forks is not None and args.forks < 1:
+        raise UsageError(f"-f/--forks {args.forks}: give a positive number of forks")
+    if not os.path.exists(args.inventory) and "," not in args.inventory:
+        raise UsageError(f"-i {args.inventory}: no such inventory file or directory")
+    output = run_play(args)
+    document = fleet_document(records(output), inventory=args.inventory, forks=args.forks)
+    if args.html:
+        from .fleet_html import render_html
+
+        write_file(args.html, render_html(document))
+    if args.prom:
+        write_file(args.prom, prometheus_text(document))
+    if args.json:
+        write_json(document, sys.stdout)
+    else:
+        print_summary(document)
+    return EXIT_OK
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``gpuprov fleet``."""
+    p = sub.add_parser(
+        "fleet",
+        help="every host of an inventory against its declaration: converged, drifted, not ready, unreachable",
+        description="Run the playbook gpuprov.kvm.fleet_report over an Ansible inventory (one module run per "
+        "host) and put the hosts together: per host converged, drifted (what, against which declared entry), not "
+        "ready (each reason) or unreachable; per GPU its use, verdict and health (off the bus, AER, Xid, failed "
+        "resets, ECC, remapped rows). A host with gpuprov_root is read below that root (a staged capture). "
+        "Read-only on the hosts.",
+    )
+    p.add_argument("-i", "--inventory", required=True, metavar="INVENTORY", help="the Ansible inventory")
+    p.add_argument("-l", "--limit", metavar="PATTERN", help="only these hosts (ansible-playbook's --limit)")
+    p.add_argument("-f", "--forks", type=int, metavar="N", help="hosts read at once (default: Ansible's forks setting)")
+    p.add_argument(
+        "-b", "--become", action="store_true", help="read as root (the kernel log, libvirt's and GRUB's files)"
+    )
+    p.add_argument(
+        "-e", "--extra-vars", action="append", default=[], metavar="VARS", help="as ansible-playbook's (repeatable)"
+    )
+    p.add_argument("--vault-id", action="append", default=[], metavar="ID", help="as ansible-playbook's (repeatable)")
+    p.add_argument(
+        "--vault-password-file", action="append", default=[], metavar="FILE", help="as ansible-playbook's (repeatable)"
+    )
+    p.add_argument("--playbook", default=PLAYBOOK, help=f"the play to run (default {PLAYBOOK}; a path to a copy of it)")
+    p.add_argument("--json", action="store_true", help="print the document as JSON (schema gpuprov.fleet/v1)")
+    p.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page to FILE")
+    p.add_argument(
+        "--prom",
+        metavar="FILE",
+        help="write the hosts' and GPUs' state as Prometheus metrics to FILE (node_exporter's textfile collector)",
+    )
+    p.set_defaults(func=cmd_fleet)
