@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import traceback
 from typing import Any
@@ -113,6 +114,115 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------- completion
+
+# Words the generated scripts may hold unquoted: option strings, command names, choices.
+_SHELL_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]*|-{1,2}[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _completion_table(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, tuple]]:
+    """(the words after ``gpuprov``, command -> (its options, option -> its value's choices or
+    None for a path, its first positional's choices or None for a path or () for none))."""
+    commands: dict[str, tuple] = {}
+    for name, sub in _subcommands(parser).items():
+        options: list[str] = []
+        values: dict[str, tuple[str, ...] | None] = {}
+        positional: tuple[str, ...] | None = ()
+        for action in sub._actions:
+            choices = tuple(str(c) for c in action.choices) if action.choices else None
+            if action.option_strings:
+                options += action.option_strings
+                if action.nargs != 0:
+                    values |= dict.fromkeys(action.option_strings, choices)
+            elif positional == ():
+                positional = choices
+        commands[name] = (options, values, positional)
+    top = [o for a in parser._actions for o in a.option_strings] + list(commands)
+    words = top + [w for opts, values, pos in commands.values() for w in [*opts, *(pos or ())]]
+    words += [c for _, values, _ in commands.values() for choices in values.values() for c in choices or ()]
+    odd = sorted({w for w in words if not _SHELL_WORD.fullmatch(w)})
+    if odd:  # the scripts hold these words unquoted
+        raise ValueError(f"completion: words a shell would split or expand: {odd}")
+    return top, commands
+
+
+def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
+    """A bash completion function for ``parser``'s command and its subcommands, from the parser
+    itself: commands, options per subcommand, choices where an option or argument has them,
+    and the shell's file name completion elsewhere. zsh runs the same function through its
+    bash layer (bashcompinit)."""
+    top, commands = _completion_table(parser)
+    options = [f'        {name}) opts="{" ".join(opts)}" ;;' for name, (opts, _, _) in commands.items()]
+    by_values: dict[tuple[str, ...] | None, list[str]] = {}  # what a value completes to -> "command option"s
+    for name, (_, vals, _) in commands.items():
+        for option, choices in vals.items():
+            by_values.setdefault(choices, []).append(f'"{name} {option}"')
+    # A path (no choices): no words, so the shell's own file name completion runs (-o default).
+    values = [
+        f"        {'|'.join(pairs)})\n            "
+        + (f'COMPREPLY=($(compgen -W "{" ".join(choices)}" -- "$cur")); ' if choices else "")
+        + "return 0 ;;"
+        for choices, pairs in by_values.items()
+    ]
+    positionals = [
+        f'        {name}) COMPREPLY=($(compgen -W "{" ".join(pos)}" -- "$cur")) ;;'
+        for name, (_, _, pos) in commands.items()
+        if pos
+    ]
+    body = "\n".join(
+        [
+            "_gpuprov() {",
+            '    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" opts i',
+            "    COMPREPLY=()",
+            "    for ((i = 1; i < COMP_CWORD; i++)); do",
+            '        case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break ;; esac',
+            "    done",
+            '    case "$cmd" in',
+            f'        "") opts="{" ".join(top)}" ;;',
+            *options,
+            "        *) return 0 ;;",
+            "    esac",
+            '    case "$cmd $prev" in',
+            *values,
+            "    esac",
+            '    if [[ -z "$cmd" || "$cur" == -* ]]; then',
+            '        COMPREPLY=($(compgen -W "$opts" -- "$cur"))',
+            "        return 0",
+            "    fi",
+            '    case "$cmd" in',
+            *positionals,
+            "    esac",
+            "}",
+            "complete -o default -F _gpuprov gpuprov",
+        ]
+    )
+    if shell == "zsh":
+        return (
+            "#compdef gpuprov\n"
+            "# zsh completion for gpuprov, generated from its argument parser by `gpuprov completion zsh`:\n"
+            "# zsh's bash completion layer runs the bash function. Install: gpuprov completion zsh >\n"
+            '# "${fpath[1]}/_gpuprov", or `source <(gpuprov completion zsh)` in ~/.zshrc after compinit.\n'
+            "autoload -U +X bashcompinit && bashcompinit\n" + body + "\n"
+        )
+    return (
+        "# bash completion for gpuprov, generated from its argument parser by `gpuprov completion bash`.\n"
+        "# Install: gpuprov completion bash > ~/.local/share/bash-completion/completions/gpuprov\n"
+        "# (or `source <(gpuprov completion bash)` in ~/.bashrc).\n" + body + "\n"
+    )
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    sys.stdout.write(completion_script(build_parser(), args.shell))
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------- parser
 
 
@@ -172,6 +282,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-commands", action="store_true", help="do not add lspci/nvidia-smi outputs")
     p.set_defaults(func=cmd_capture)
 
+    p = sub.add_parser(
+        "completion",
+        help="print a shell completion script for gpuprov (bash or zsh)",
+        description="Print a completion script for gpuprov's commands and options, made from its own "
+        "argument parser. bash: `gpuprov completion bash > ~/.local/share/bash-completion/completions/gpuprov`; "
+        'zsh: `gpuprov completion zsh > "${fpath[1]}/_gpuprov"`.',
+    )
+    p.add_argument("shell", choices=["bash", "zsh"], help="the shell")
+    p.set_defaults(func=cmd_completion)
+
     # Commands whose modules are imported only when they run (or for the full
     # help): `inspect --json` on a big host pays for nothing it does not use.
     wanted = dict.fromkeys(m for name, m in COMMAND_MODULES.items() if command in (None, name))
@@ -194,7 +314,7 @@ COMMAND_MODULES = {
 def _command_of(argv: list[str]) -> str | None:
     """The subcommand named in ``argv``, when it is one of the lazily loaded ones."""
     first = next((a for a in argv if not a.startswith("-")), None)
-    return first if first in COMMAND_MODULES or first in ("inspect", "capture") else None
+    return first if first in COMMAND_MODULES or first in ("inspect", "capture", "completion") else None
 
 
 def main(argv: list[str] | None = None) -> int:
