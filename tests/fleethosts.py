@@ -47,7 +47,8 @@ def bind(root: Path, address: str, driver: str | None) -> None:
     """Bind ``address`` to ``driver`` (None: unbind) as sysfs shows it: the driver link and uevent's DRIVER."""
     dev = device_dir(root, address)
     uevent = dev / "uevent"
-    lines = [line for line in uevent.read_text().splitlines() if not line.startswith("DRIVER=")]
+    text = uevent.read_text() if uevent.exists() else ""
+    lines = [line for line in text.splitlines() if not line.startswith("DRIVER=")]
     link = dev / "driver"
     if link.is_symlink():
         link.unlink()
