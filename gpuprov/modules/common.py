@@ -7,12 +7,31 @@ to targets with the modules (``module_utils``); standard library only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..apply.actions import ApplyError, apply
 from ..core.plan import Plan
 from ..facts.sysfs import Sysfs
 from ..inputs.validate import root_problem
+
+# A URL's bytes, or None and why not. The plugin passes Ansible's fetch_url in (:func:`url_fetcher`:
+# the task's proxy, certificate and timeout settings hold), so the adapters stay standard library only.
+Fetch = Callable[[str], "tuple[bytes | None, str]"]
+
+
+def url_fetcher(module: Any, fetch_url: Any) -> Fetch:
+    """``fetch_url`` (``ansible.module_utils.urls``'s) for ``module`` as a :data:`Fetch`: a GET, whose
+    answer is None with Ansible's words for why when nothing came or the status is an HTTP error."""
+
+    def fetch(url: str) -> tuple[bytes | None, str]:
+        response, info = fetch_url(module, url, method="GET")
+        status = info.get("status")
+        if response is None or (isinstance(status, int) and status >= 400):
+            return None, info.get("msg", "no answer")
+        return response.read(), ""
+
+    return fetch
 
 
 def refuse_bad_root(module: Any, *, host: bool = True) -> None:

@@ -10,11 +10,22 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.plan import Plan, Refusal
-from ..facts.host import HostFacts, cpu_count
+from ..facts.host import HostFacts, cpu_count, gather
+from ..facts.sysfs import Sysfs
 from ..inputs.validate import root_problem
 from ..model.host_model import HostModel
 from ..model.resolve import resolve
 from .common import warn_or_refuse
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "root": {"type": "path", "default": "/"},
+    "host": {"type": "dict"},
+    "layouts": {"type": "dict"},
+    "gpus": {"type": "raw"},
+    "vms": {"type": "raw"},
+    "vfio_devices": {"type": "raw"},
+    "old_variables": {"type": "list", "elements": "str", "default": []},
+}
 
 
 def declaration(host: Any, layouts: Any) -> dict[str, Any]:
@@ -37,3 +48,17 @@ def resolve_or_refuse(module: Any, doc: dict[str, Any], facts: HostFacts) -> Hos
     model = resolve(doc, facts, cpu_limit=cpu_count(facts))
     warn_or_refuse(module, Plan(refusals=model.problems + model.refusals, warnings=model.warnings), {})
     return model
+
+
+def model(module: Any) -> HostModel:
+    """The module gpu_host_model: its declaration (``host`` and ``layouts``, or the old variables)
+    resolved on the facts below its root; the module fails as :func:`checked_root` and
+    :func:`resolve_or_refuse` say."""
+    p = module.params
+    old = {"gpuprov_gpus": p["gpus"], "gpu_vms_list": p["vms"], "vfio_host_devices": p["vfio_devices"]}
+    doc = {k: v for k, v in old.items() if v is not None}
+    if p["host"] is not None:
+        # The old variables beside the declaration go with it: the resolver refuses the pair, naming both.
+        doc = {**{k: None for k in p["old_variables"]}, **doc, **declaration(p["host"], p["layouts"])}
+    root = checked_root(module, p["root"])
+    return resolve_or_refuse(module, doc, gather(Sysfs(root)))

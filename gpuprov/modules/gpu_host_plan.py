@@ -21,6 +21,14 @@ from ..model.resolve import resolve
 from . import gpu_vgpu, iommu_boot, vfio_bind
 
 CONCERNS: dict[str, Any] = {"iommu_boot": iommu_boot, "vfio_bind": vfio_bind, "gpu_vgpu": gpu_vgpu}
+# Each concern: the options its role would pass, and their digest (what the role compares).
+_CONCERN = {
+    "type": "dict",
+    "options": {"options": {"type": "dict", "required": True}, "digest": {"type": "str", "required": True}},
+}
+ARGUMENT_SPEC: dict[str, Any] = {
+    "concerns": {"type": "dict", "required": True, "options": {name: _CONCERN for name in CONCERNS}},
+}
 
 
 class Unresolved(Exception):
@@ -97,3 +105,14 @@ def _pending(name: str, options: dict[str, Any], host: _Host) -> str | None:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - fail closed: whatever went wrong, the module runs and says it
         return f"not planned ({type(exc).__name__}: {exc})"
+
+
+def finish_ahead(module: Any, ahead: Ahead) -> None:
+    """Exit the module gpu_host_plan: the converged concerns, why the others must run, the model
+    resolved on the way (as gpu_host_model's fact) and its warnings. It changes nothing."""
+    for warning in ahead.warnings:
+        module.warn(warning)
+    result = {"changed": False, "converged": ahead.converged, "pending": ahead.pending}
+    if ahead.model is not None:
+        result.update(ansible_facts={"gpuprov_model": ahead.model.derived()}, model_root=ahead.model_root)
+    module.exit_json(**result)

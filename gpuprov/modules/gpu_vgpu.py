@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..apply.vgpu import plan_host
-from ..core.plan import Refusal
+from ..apply.actions import ApplyError
+from ..apply.vgpu import first_pass, plan_host
+from ..core.plan import Plan, Refusal
 from ..facts.host import HostFacts, gather
 from ..facts.sysfs import Sysfs
 from ..inputs.boundary import validate_gpu_vgpu_options
 from ..inputs.vgpu_request import VgpuPlan, VgpuRequest
+from .common import warn_or_refuse
 from .gpu_host_model import declaration
 from .vfio_bind import Resolver, quiet
 
@@ -42,6 +44,13 @@ def option_problems(p: dict[str, Any]) -> list[Refusal]:
     return validate_gpu_vgpu_options(given)
 
 
+def refuse_options(module: Any) -> None:
+    """Fail the module, nothing read or changed, on :func:`option_problems`."""
+    problems = option_problems(module.params)
+    if problems:
+        warn_or_refuse(module, Plan(refusals=problems), {"plan": [], "not_run": [], "root": module.params["root"]})
+
+
 def plan(p: dict[str, Any], resolver: Resolver, facts: HostFacts | None = None) -> tuple[VgpuPlan, VgpuRequest]:
     """The first plan for the module's params ``p`` (with ``host``: its layout, resolved by
     ``resolver`` on the facts the planner reads anyway, or ``facts`` when the caller read them) and
@@ -65,6 +74,22 @@ def plan(p: dict[str, Any], resolver: Resolver, facts: HostFacts | None = None) 
         runner_sha256=p["runner_sha256"],
     )
     return plan_host(sysfs, request, facts=facts), request
+
+
+def carry_first_pass(module: Any, plan: VgpuPlan, request: VgpuRequest) -> tuple[VgpuPlan, dict[str, Any]]:
+    """The first pass carried out where the plan owes one (gpuprov.apply.vgpu.first_pass: an install,
+    VFs enabled; not in check mode), and the plan that follows it, with what the module returns
+    besides it; the module fails, saying what was done, when a step of it fails."""
+    root = module.params["root"]
+    try:
+        plan, first = first_pass(root, request, plan, check=module.check_mode)
+    except ApplyError as exc:
+        module.fail_json(msg=str(exc), done=exc.applied.done, plan=plan.describe(), **plan.result())
+        raise
+    extra = plan.result()
+    if first is not None:
+        extra["first_pass"] = first.done
+    return plan, extra
 
 
 def pending(p: dict[str, Any], resolver: Resolver, facts: HostFacts | None = None) -> str | None:

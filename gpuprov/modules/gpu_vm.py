@@ -9,14 +9,13 @@ Ships to targets with the modules (``module_utils``); standard library only.
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import Any
 
 from ..apply.actions import Applied, ApplyError, apply
 from ..apply.libvirt import execute, wait_for_address
 from ..core.plan import Plan
 from ..core.vm_spec import ConsoleCheck, VmSpec
-from ..facts.host import HostFacts
+from ..facts.host import HostFacts, cpu_count, gather
 from ..facts.libvirt import (
     LibvirtMissing,
     LiveDomain,
@@ -28,13 +27,75 @@ from ..facts.libvirt import (
 )
 from ..facts.sysfs import Sysfs
 from ..facts.vm_storage import StorageState, read_storage
+from ..inputs.boundary import validate_gpu_vm_options
 from ..plan.vm.fit import plan_host
-from ..plan.vm.host import VmHostPlan, plan_vm_host
+from ..plan.vm.host import VmHostPlan
 from ..plan.vm.plan import VmOptions, VmPlan, plan_vm, vm_paths
 from ..plan.vm.seed import ISO_TOOLS
 from ..verify.console import check_console
+from . import gpu_vm_host
 from .common import failed_result, planned, warn_or_refuse
-from .gpu_vm_host import read_vm_host
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "vm": {"type": "dict", "required": True},
+    "state": {"type": "str", "choices": ["defined", "running", "shutdown", "absent"], "default": "running"},
+    "defaults": {"type": "dict", "default": {}},
+    "host_vms": {"type": "list", "elements": "dict", "default": []},
+    "uri": {"type": "str", "default": "qemu:///system"},
+    "storage_dir": {"type": "path", "default": "/var/lib/libvirt/images/gpuprov"},
+    "remove_storage": {"type": "bool", "default": False},
+    "reserved_memory_mib": {"type": "int"},
+    "reserved_cpus": {"type": "str", "default": "0"},
+    "mixed_vgpu_types": {"type": "bool", "default": False},
+    "declared": {"type": "dict"},
+    "wait_for_address": {"type": "int", "default": 0},
+    "shutdown_timeout": {"type": "int", "default": 180},
+    "console_checks": {
+        "type": "list",
+        "elements": "dict",
+        "default": [],
+        "options": {
+            "vm": {"type": "str"},
+            "wait_for": {"type": "str", "required": True},
+            "timeout": {"type": "int", "default": 600},
+            "expect": {"type": "list", "elements": "str", "default": []},
+        },
+    },
+    "install": {"type": "bool", "default": False},
+    "packages": {"type": "list", "elements": "str", "default": []},
+    "root": {"type": "path", "default": "/"},
+}
+
+
+def checked_options(module: Any) -> tuple[Any, HostFacts]:
+    """The module's options through the input boundary
+    (:func:`gpuprov.inputs.boundary.validate_gpu_vm_options`, the CPU numbers bounded by the host's),
+    and the host's facts read for it; the module fails, naming every problem, nothing changed."""
+    p = module.params
+    facts = gather(Sysfs(p["root"]))
+    given, problems = validate_gpu_vm_options(p, cpu_limit=cpu_count(facts))
+    if given is None or problems:
+        warn_or_refuse(module, Plan(refusals=problems), {"plan": [], "not_run": [], "root": p["root"]})
+    return given, facts
+
+
+def plan(module: Any, given: Any, facts: HostFacts) -> tuple[VmPlan, Any, dict[str, Any]]:
+    """gpu_vm's read and plan for the VM ``given`` names: with ``install``, what the host lacks (carried
+    out first, :func:`open_libvirt`), libvirt consulted or not, then :func:`plan_gpu_vm`. Returns the
+    plan, the libvirt connection (None: not consulted) and the rest :func:`finish_vm` takes."""
+    p = module.params
+    install = plan_install(module, p["root"])
+    conn, installed = open_libvirt(module, p["root"], p["uri"], install)
+    vm, spec = plan_gpu_vm(module, facts, given, conn)
+    extra = {
+        "shutdown_timeout": p["shutdown_timeout"],
+        "wait_address": p["wait_for_address"],
+        "console_checks": given.console_checks,
+        "install": install,
+        "installed": installed,
+        **vm_result(given.state, spec),
+    }
+    return vm, conn, extra
 
 
 def find_iso_tool(which: Any) -> str | None:
@@ -59,8 +120,7 @@ def plan_install(module: Any, root: str) -> VmHostPlan | None:
     p = module.params
     if not p["install"]:
         return None
-    system_python = sys.executable.startswith("/usr/bin/")
-    return plan_vm_host(read_vm_host(Sysfs(root), p["packages"], system_python), p["packages"])
+    return gpu_vm_host.plan({"root": root, "packages": p["packages"]})
 
 
 def open_libvirt(module: Any, root: str, uri: str, install: VmHostPlan | None = None) -> tuple[Any, Applied]:

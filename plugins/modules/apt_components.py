@@ -84,25 +84,15 @@ not_run:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import apt_components
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest.aptsources import plan_components
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "codename": {"type": "str", "required": True},
-            "components": {"type": "list", "elements": "str", "required": True},
-            "root": {"type": "path", "default": "/"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=apt_components.ARGUMENT_SPEC, supports_check_mode=True)
     refuse_bad_root(module, host=False)
-    p = module.params
-    plan, entries = plan_components(Sysfs(p["root"]), p["codename"], p["components"])
-    found = [{"path": "/" + e.path, "suites": e.suites, "components": e.components, "added": e.added} for e in entries]
-    finish(module, plan, p["root"], entries=found)
+    plan, extra = apt_components.plan(module.params)
+    finish(module, plan, module.params["root"], **extra)
 
 
 if __name__ == "__main__":

@@ -99,62 +99,21 @@ refusals:
       returned: always
 """
 
-import base64
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.files import file_state
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest.keyring import (
-    KeyDataError,
-    fetch_failed,
-    load_key,
-    plan_keyring,
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import apt_keyring
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import (
+    finish,
+    refuse_bad_root,
+    url_fetcher,
 )
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "dest": {"type": "path", "required": True},
-            "url": {"type": "str"},
-            "data": {"type": "str", "no_log": False},
-            "fingerprint": {"type": "str", "default": ""},
-            "mode": {"type": "str", "default": "0644"},
-            "root": {"type": "path", "default": "/"},
-        },
-        required_one_of=[["url", "data"]],
-        mutually_exclusive=[["url", "data"]],
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=apt_keyring.ARGUMENT_SPEC, supports_check_mode=True, **apt_keyring.RULES)
     refuse_bad_root(module, host=False)
-    p = module.params
-    source = p["url"] or "data"
-    if p["url"]:
-        response, info = fetch_url(module, p["url"], method="GET")
-        status = info.get("status")
-        if response is None or (isinstance(status, int) and status >= 400):
-            module.fail_json(msg=fetch_failed(p["url"], info.get("msg", "no answer")), dest=p["dest"])
-        raw = response.read()
-    else:
-        try:
-            raw = base64.b64decode(p["data"], validate=True)
-        except ValueError:
-            module.fail_json(msg="data is not base64 (give the key's bytes base64-encoded), nothing changed")
-    try:
-        mode = int(p["mode"], 8)
-    except ValueError:
-        module.fail_json(msg=f"mode {p['mode']!r} is not an octal file mode such as 0644, nothing changed")
-    try:
-        binary, found = load_key(raw, source, p["fingerprint"])
-    except KeyDataError as exc:
-        module.fail_json(msg=str(exc), fingerprints=exc.found, dest=p["dest"])
-    dest = os.path.abspath(p["dest"]).lstrip("/")
-    current, current_mode = file_state(Sysfs(p["root"]), dest)
-    plan = plan_keyring(dest, binary, found, mode, current, current_mode)
-    finish(module, plan, p["root"], fingerprints=found, dest=p["dest"])
+    plan, extra = apt_keyring.plan(module, url_fetcher(module, fetch_url))
+    finish(module, plan, module.params["root"], **extra)
 
 
 if __name__ == "__main__":

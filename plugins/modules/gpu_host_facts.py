@@ -98,36 +98,12 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.pci import PciAddressError, normalize_address
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.inputs.validate import root_problem
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.report.inspect import build_report
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.rules.assess import assess
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import gpu_host_facts
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "default": "/"},
-            "devices": {"type": "list", "elements": "str", "default": []},
-        },
-        supports_check_mode=True,
-    )
-    root = module.params["root"]
-    problem = root_problem(root, "root", captures=False)  # the CLI's --root check: no root is no evidence
-    if problem is not None:
-        module.fail_json(msg=problem, refusals=[{"message": problem, "fix": None, "device": None}])
-    try:
-        extra = [normalize_address(d) for d in module.params["devices"]]
-    except PciAddressError as exc:
-        module.fail_json(msg=f"devices: {exc}")
-    facts = gather(Sysfs(root))
-    missing = [a for a in extra if a not in facts.pci]
-    if missing:
-        module.fail_json(msg=f"devices: no PCI device {', '.join(missing)} on this host; check with `lspci -D`")
-    report = build_report(facts, assess(facts, extra=extra))
-    module.exit_json(changed=False, ansible_facts={"gpuprov": report})
+    module = AnsibleModule(argument_spec=gpu_host_facts.ARGUMENT_SPEC, supports_check_mode=True)
+    module.exit_json(changed=False, ansible_facts={"gpuprov": gpu_host_facts.report(module)})
 
 
 if __name__ == "__main__":

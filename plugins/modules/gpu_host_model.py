@@ -159,36 +159,12 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import gather
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_host_model import (
-    checked_root,
-    declaration,
-    resolve_or_refuse,
-)
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import gpu_host_model
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "default": "/"},
-            "host": {"type": "dict"},
-            "layouts": {"type": "dict"},
-            "gpus": {"type": "raw"},
-            "vms": {"type": "raw"},
-            "vfio_devices": {"type": "raw"},
-            "old_variables": {"type": "list", "elements": "str", "default": []},
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    old = {"gpuprov_gpus": p["gpus"], "gpu_vms_list": p["vms"], "vfio_host_devices": p["vfio_devices"]}
-    doc = {k: v for k, v in old.items() if v is not None}
-    if p["host"] is not None:
-        # The old variables beside the declaration go with it: the resolver refuses the pair, naming both.
-        doc = {**{k: None for k in p["old_variables"]}, **doc, **declaration(p["host"], p["layouts"])}
-    root = checked_root(module, p["root"])
-    model = resolve_or_refuse(module, doc, gather(Sysfs(root)))
+    module = AnsibleModule(argument_spec=gpu_host_model.ARGUMENT_SPEC, supports_check_mode=True)
+    model = gpu_host_model.model(module)
     module.exit_json(changed=False, ansible_facts={"gpuprov_model": model.derived()})
 
 

@@ -116,25 +116,13 @@ model_root:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_host_plan import CONCERNS, plan_ahead
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import gpu_host_plan
 
 
 def main() -> None:
-    concern = {
-        "type": "dict",
-        "options": {"options": {"type": "dict", "required": True}, "digest": {"type": "str", "required": True}},
-    }
-    module = AnsibleModule(
-        argument_spec={"concerns": {"type": "dict", "required": True, "options": {name: concern for name in CONCERNS}}},
-        supports_check_mode=True,
-    )
-    ahead = plan_ahead(module.params["concerns"])
-    for warning in ahead.warnings:
-        module.warn(warning)
-    result = {"changed": False, "converged": ahead.converged, "pending": ahead.pending}
-    if ahead.model is not None:
-        result.update(ansible_facts={"gpuprov_model": ahead.model.derived()}, model_root=ahead.model_root)
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=gpu_host_plan.ARGUMENT_SPEC, supports_check_mode=True)
+    ahead = gpu_host_plan.plan_ahead(module.params["concerns"])
+    gpu_host_plan.finish_ahead(module, ahead)
 
 
 if __name__ == "__main__":

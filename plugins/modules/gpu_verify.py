@@ -153,58 +153,12 @@ report:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.report.verify import build_report, module_result
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.verify.checks import evaluate
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.verify.gather import gather
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.verify.options import (
-    module_words,
-    nvml_for,
-    option_error,
-    root_error,
-)
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import gpu_verify
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "default": "/"},
-            "container": {"type": "bool", "default": True},
-            "image": {"type": "str"},
-            "bench": {"type": "bool", "default": False},
-            "gpu_source": {"type": "str", "choices": ["auto", "nvml", "nvidia-smi"], "default": "auto"},
-            "fail_on": {
-                "type": "list",
-                "elements": "str",
-                "choices": ["fail", "warn", "skip"],
-                "default": ["fail"],
-            },
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    sysfs = Sysfs(p["root"])
-    error = option_error(sysfs.live, bench=p["bench"], image=p["image"], gpu_source=p["gpu_source"])
-    if error:
-        module.fail_json(msg=f"bad options, nothing was run: {module_words(error)}")
-    error = root_error(sysfs, p["root"])
-    if error:
-        module.fail_json(msg=error)
-    nvml = nvml_for(p["gpu_source"])
-    if nvml is None:
-        module.fail_json(msg="gpu_source nvml: pynvml is not importable on the target; pip install nvidia-ml-py")
-    facts = gather(
-        sysfs,
-        nvml=nvml,
-        gpu_source=p["gpu_source"],
-        run_container=p["container"] and not module.check_mode,
-        image=p["image"],
-        bench=p["bench"] and not module.check_mode,
-        no_container_reason="not asked to (container: false)"
-        if not p["container"]
-        else "check mode: no container is started",
-    )
-    result, failure = module_result(build_report(facts, evaluate(facts)), p["fail_on"])
+    module = AnsibleModule(argument_spec=gpu_verify.ARGUMENT_SPEC, supports_check_mode=True)
+    result, failure = gpu_verify.verify(module)
     if failure:
         module.fail_json(msg=failure, **result)
     module.exit_json(**result)

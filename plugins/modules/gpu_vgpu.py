@@ -227,31 +227,17 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.apply.actions import ApplyError
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.apply.vgpu import first_pass
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.core.plan import Plan
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import gpu_vgpu
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, warn_or_refuse
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_host_model import resolve_or_refuse
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=gpu_vgpu.ARGUMENT_SPEC, supports_check_mode=True, **gpu_vgpu.RULES)
-    p = module.params
-    problems = gpu_vgpu.option_problems(p)
-    if problems:
-        warn_or_refuse(module, Plan(refusals=problems), {"plan": [], "not_run": [], "root": p["root"]})
-        return
-    plan, request = gpu_vgpu.plan(p, lambda doc, facts: resolve_or_refuse(module, doc, facts))
-    try:
-        plan, first = first_pass(p["root"], request, plan, check=module.check_mode)
-    except ApplyError as exc:
-        module.fail_json(msg=str(exc), done=exc.applied.done, plan=plan.describe(), **plan.result())
-        return
-    extra = plan.result()
-    if first is not None:
-        extra["first_pass"] = first.done
-    finish(module, plan, p["root"], **extra)
+    gpu_vgpu.refuse_options(module)
+    plan, request = gpu_vgpu.plan(module.params, lambda doc, facts: resolve_or_refuse(module, doc, facts))
+    plan, extra = gpu_vgpu.carry_first_pass(module, plan, request)
+    finish(module, plan, module.params["root"], **extra)
 
 
 if __name__ == "__main__":

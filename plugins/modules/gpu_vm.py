@@ -417,76 +417,17 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.core.plan import Plan
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.host import cpu_count, gather
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.inputs.boundary import validate_gpu_vm_options
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import refuse_bad_root, warn_or_refuse
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_vm import (
-    finish_vm,
-    open_libvirt,
-    plan_gpu_vm,
-    plan_install,
-    vm_result,
-)
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import gpu_vm
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import refuse_bad_root
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_vm import finish_vm
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "vm": {"type": "dict", "required": True},
-            "state": {"type": "str", "choices": ["defined", "running", "shutdown", "absent"], "default": "running"},
-            "defaults": {"type": "dict", "default": {}},
-            "host_vms": {"type": "list", "elements": "dict", "default": []},
-            "uri": {"type": "str", "default": "qemu:///system"},
-            "storage_dir": {"type": "path", "default": "/var/lib/libvirt/images/gpuprov"},
-            "remove_storage": {"type": "bool", "default": False},
-            "reserved_memory_mib": {"type": "int"},
-            "reserved_cpus": {"type": "str", "default": "0"},
-            "mixed_vgpu_types": {"type": "bool", "default": False},
-            "declared": {"type": "dict"},
-            "wait_for_address": {"type": "int", "default": 0},
-            "shutdown_timeout": {"type": "int", "default": 180},
-            "console_checks": {
-                "type": "list",
-                "elements": "dict",
-                "default": [],
-                "options": {
-                    "vm": {"type": "str"},
-                    "wait_for": {"type": "str", "required": True},
-                    "timeout": {"type": "int", "default": 600},
-                    "expect": {"type": "list", "elements": "str", "default": []},
-                },
-            },
-            "install": {"type": "bool", "default": False},
-            "packages": {"type": "list", "elements": "str", "default": []},
-            "root": {"type": "path", "default": "/"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=gpu_vm.ARGUMENT_SPEC, supports_check_mode=True)
     refuse_bad_root(module)
-    p = module.params
-    root = p["root"]
-    facts = gather(Sysfs(root))
-    given, problems = validate_gpu_vm_options(p, cpu_limit=cpu_count(facts))
-    if given is None or problems:
-        warn_or_refuse(module, Plan(refusals=problems), {"plan": [], "not_run": [], "root": root})
-        return
-    install = plan_install(module, root)
-    conn, installed = open_libvirt(module, root, p["uri"], install)
-    plan, spec = plan_gpu_vm(module, facts, given, conn)
-    finish_vm(
-        module,
-        plan,
-        conn,
-        root,
-        shutdown_timeout=p["shutdown_timeout"],
-        wait_address=p["wait_for_address"],
-        console_checks=given.console_checks,
-        install=install,
-        installed=installed,
-        **vm_result(given.state, spec),
-    )
+    given, facts = gpu_vm.checked_options(module)
+    plan, conn, extra = gpu_vm.plan(module, given, facts)
+    finish_vm(module, plan, conn, module.params["root"], **extra)
 
 
 if __name__ == "__main__":

@@ -101,29 +101,16 @@ refusals:
       returned: always
 """
 
-import sys
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import gpu_vm_host
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_vm_host import read_vm_host
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.vm.host import plan_vm_host
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "packages": {"type": "list", "elements": "str", "default": []},
-            "root": {"type": "path", "default": "/"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=gpu_vm_host.ARGUMENT_SPEC, supports_check_mode=True)
     refuse_bad_root(module, host=False)  # it reads the package and service state, not sys/
-    p = module.params
-    system_python = sys.executable.startswith("/usr/bin/")
-    facts = read_vm_host(Sysfs(p["root"]), p["packages"], system_python)
-    plan = plan_vm_host(facts, p["packages"])
-    finish(module, plan, p["root"], **plan.result())
+    plan = gpu_vm_host.plan(module.params)
+    finish(module, plan, module.params["root"], **plan.result())
 
 
 if __name__ == "__main__":

@@ -170,103 +170,16 @@ driver:
     nouveau: false
 """
 
-import re
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.driver import read_driver
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.driver_install import read_guest_driver
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.files import read_text
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.gpus import run_nvidia_smi
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import guest_driver
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest.aptsources import plan_components
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.guest.driver import (
-    NOUVEAU_CONF,
-    GuestDriverOptions,
-    RhelRepo,
-    components_for,
-    plan_guest_driver,
-)
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.verify.gather import import_optional, query_gpus
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "branch": {"type": "str", "default": ""},
-            "flavor": {"type": "str", "choices": ["open", "proprietary"], "default": "open"},
-            "replace_other_driver": {"type": "bool", "default": False},
-            "blacklist_nouveau": {"type": "bool", "default": True},
-            "vgpu": {"type": "str", "choices": ["auto", "true", "false"], "default": "auto"},
-            "vgpu_package": {"type": "str", "default": ""},
-            "rhel_repo_name": {"type": "str", "default": "cuda-rhel"},
-            "rhel_repo_url": {"type": "str", "default": ""},
-            "rhel_repo_gpgkey": {"type": "str", "default": "", "no_log": False},  # a key's URL, not a secret
-            "rhel_epel": {"type": "bool", "default": True},
-            "root": {"type": "path", "default": "/"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=guest_driver.ARGUMENT_SPEC, supports_check_mode=True)
     refuse_bad_root(module)
-    p = module.params
-    if not re.fullmatch(r"(\d{3,4})?", p["branch"]):
-        module.fail_json(msg=f"branch is {p['branch']!r}: a driver branch such as 580, or empty; nothing changed")
-    sysfs = Sysfs(p["root"])
-    vgpu = p["vgpu"] == "true" or (p["vgpu"] == "auto" and bool(p["vgpu_package"]))
-    reported, vgpu_seen = None, False
-    if p["vgpu"] != "false" and not p["vgpu_package"] and read_driver(sysfs).loaded:
-        # Only the driver knows a vGPU: ask it (NVML or nvidia-smi; a capture's nvidia-smi output elsewhere).
-        live = sysfs.live
-        gpu_list, _error = query_gpus(
-            sysfs, nvml=import_optional("pynvml") if live else None, source="auto", smi=run_nvidia_smi if live else None
-        )
-        if gpu_list is not None:
-            reported = gpu_list.driver_version
-            vgpu_seen = any(g.virtualization_mode == "vgpu" for g in gpu_list.gpus)
-    if p["vgpu"] == "true" and not p["vgpu_package"] and not vgpu_seen:
-        module.fail_json(
-            msg="this VM has a vGPU (vgpu: true) and no vGPU guest driver is running, but vgpu_package is empty, "
-            "nothing changed: the distributions' drivers do not drive a vGPU; download NVIDIA's vGPU guest driver "
-            "(NVIDIA-Linux-x86_64-<version>-grid.run, or its .deb/.rpm) from the NVIDIA Licensing Portal, for the "
-            "host's vGPU manager release, and give its path (role: guest_nvidia_driver_vgpu_package)"
-        )
-    facts = read_guest_driver(sysfs, reported_version=reported, vgpu_seen=vgpu_seen)
-    os_ = facts.os
-    sources = []
-    components = components_for(os_.id)
-    if components and os_.codename:
-        sources = plan_components(sysfs, os_.codename, components)[0].actions
-    repo = RhelRepo(p["rhel_repo_name"], p["rhel_repo_url"], p["rhel_repo_gpgkey"]) if p["rhel_repo_url"] else None
-    opts = GuestDriverOptions(
-        branch=p["branch"] or None,
-        flavor=p["flavor"],
-        replace_other_driver=p["replace_other_driver"],
-        blacklist_nouveau=p["blacklist_nouveau"],
-        vgpu=vgpu or vgpu_seen,
-        rhel_repo=repo,
-        rhel_epel=p["rhel_epel"],
-    )
-    plan = plan_guest_driver(facts, opts, sources=sources, nouveau_before=read_text(sysfs, NOUVEAU_CONF))
-    drv, inst = facts.driver, facts.install
-    finish(
-        module,
-        plan,
-        p["root"],
-        verdict=plan.verdict,
-        installed=plan.installed,
-        reboot_reasons=plan.reboot_reasons,
-        removes=plan.removes,
-        vgpu=opts.vgpu,
-        driver={
-            "loaded": drv.loaded,
-            "version": drv.version or reported,
-            "library_version": inst.library_version,
-            "source": inst.source,
-            "packages": [f"{pk.name} {pk.version}" for pk in inst.packages],
-            "run_installer": inst.run_installer,
-            "nouveau": drv.nouveau,
-        },
-    )
+    plan, extra = guest_driver.plan(module)
+    finish(module, plan, module.params["root"], **extra)
 
 
 if __name__ == "__main__":

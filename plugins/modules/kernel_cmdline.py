@@ -130,46 +130,15 @@ refusals:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.boot import gather
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.sysfs import Sysfs
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import kernel_cmdline
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.plan.host.cmdline import (
-    CmdlinePlan,
-    build_request,
-    choose_bootloader,
-    plan_kernel_cmdline,
-)
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "arguments": {"type": "list", "elements": "str", "default": []},
-            "remove": {"type": "list", "elements": "str", "default": []},
-            "bootloader": {"type": "str", "choices": ["auto", "grub", "grubby"], "default": "auto"},
-            "variable": {"type": "str", "default": "GRUB_CMDLINE_LINUX_DEFAULT"},
-            "update": {"type": "bool", "default": True},
-            "root": {"type": "path", "default": "/"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=kernel_cmdline.ARGUMENT_SPEC, supports_check_mode=True)
     refuse_bad_root(module, host=False)
-    p = module.params
-    request, refusals = build_request(p["arguments"], p["remove"], p["variable"])
-    if refusals:
-        finish(module, CmdlinePlan(refusals=refusals), p["root"])
-    facts = gather(Sysfs(p["root"]), p["bootloader"])
-    bootloader = choose_bootloader(p["bootloader"], facts)
-    plan = plan_kernel_cmdline(facts, request, bootloader, p["update"])
-    finish(
-        module,
-        plan,
-        p["root"],
-        reboot_required=plan.reboot_required,
-        args_before=plan.args_before,
-        args_after=plan.args_after,
-        bootloader=bootloader,
-    )
+    plan, extra = kernel_cmdline.plan(module.params)
+    finish(module, plan, module.params["root"], **extra)
 
 
 if __name__ == "__main__":
