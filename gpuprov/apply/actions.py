@@ -50,6 +50,13 @@ def write_file_atomic(full: str, content: str | bytes, mode: int) -> None:
         raise
 
 
+def make_parent(root: str, path: str) -> None:
+    """The directory ``path`` (root-relative) goes in, and its parents, below ``root`` (0755, as
+    ``mkdir -p``): where a command the plan runs writes a file it does not create the directory of
+    (nvidia-ctk's CDI spec in its staging place)."""
+    os.makedirs(os.path.dirname(Sysfs(root).write_path(path)), mode=0o755, exist_ok=True)
+
+
 def apply(plan: Plan, root: str = "/") -> Applied:
     """Execute ``plan`` in order. Refuses a refused plan; stops at the first failure."""
     if plan.refused:
