@@ -5,8 +5,10 @@ The repository is the one source. This script copies (never links: links trip
 ``ansible-test sanity``) into ``build/collections/ansible_collections/gpuprov/kvm/``:
 
 - ``collection/`` (galaxy.yml, with the version of ``gpuprov/__init__.py`` written in;
-  meta/runtime.yml; tests/config.yml and tests/sanity/; README.md, the collection's own),
-  and LICENSE;
+  meta/; tests/config.yml; README.md, the collection's own), and LICENSE;
+- ``tests/sanity/ignore-X.Y.txt``, written (:func:`sanity_ignores`) for each ansible-core
+  release from meta/runtime.yml's ``requires_ansible`` to pyproject's pin: the one ignore,
+  ``validate-modules:missing-gplv3-license``, for every module and plugin;
 - ``docs/``: the pages the collection's README links, and the pages and files they link, on
   to the end (:func:`carried_docs`), so that every relative link of the installed collection
   resolves; a link to a repository file the collection does not hold (a JSON schema of the
@@ -284,6 +286,35 @@ def carried_docs(copies: dict[str, Path]) -> dict[str, bytes]:
     return docs
 
 
+GPL_IGNORE = (
+    "validate-modules:missing-gplv3-license # the collection is Apache-2.0 (LICENSE): the check is for "
+    "ansible-core's own GPLv3 modules (ansible/ansible#67032)"
+)
+
+
+def sanity_releases() -> list[str]:
+    """The ansible-core releases (X.Y) the collection admits and is tested with: from
+    meta/runtime.yml's ``requires_ansible: ">=X.Y.0"`` to pyproject's ansible-core pin (``<X.Z``)."""
+    runtime = (REPO / "collection" / "meta" / "runtime.yml").read_text()
+    low = re.search(r'^requires_ansible:\s*"?>=\s*(\d+)\.(\d+)', runtime, re.M)
+    high = re.search(r'"ansible-core[^"]*<\s*(\d+)\.(\d+)', (REPO / "pyproject.toml").read_text())
+    if not low or not high or low[1] != high[1] or int(low[2]) >= int(high[2]):
+        raise BuildError("no ansible-core releases between meta/runtime.yml's requires_ansible and pyproject's pin")
+    return [f"{low[1]}.{minor}" for minor in range(int(low[2]), int(high[2]))]
+
+
+def sanity_ignores(copies: dict[str, Path]) -> dict[str, bytes]:
+    """tests/sanity/ignore-X.Y.txt for each of :func:`sanity_releases`: the GPLv3 header check off
+    for every module and plugin (the collection is Apache-2.0)."""
+    plugins = sorted(
+        dest
+        for dest in copies
+        if dest.endswith(".py") and dest.split("/")[:2] in (["plugins", "modules"], ["plugins", "lookup"])
+    )
+    text = "".join(f"{path} {GPL_IGNORE}\n" for path in plugins if not path.endswith("/__init__.py")).encode()
+    return {f"tests/sanity/ignore-{release}.txt": text for release in sanity_releases()}
+
+
 def boot_pyz(copies: dict[str, Path]) -> bytes:
     """The zipapp of the module_utils ``gpuprov`` package, its ``__main__`` the vGPU boot entry point."""
     prefix = "plugins/module_utils/"
@@ -311,10 +342,10 @@ def galaxy_yml() -> str:
     return text.rstrip("\n") + f"\nversion: {version()}\n"
 
 
-def inputs_digest(copies: dict[str, Path], galaxy: str, docs: dict[str, bytes]) -> str:
+def inputs_digest(copies: dict[str, Path], galaxy: str, generated: dict[str, bytes]) -> str:
     digest = hashlib.sha256(Path(__file__).read_bytes())
     digest.update(galaxy.encode())
-    for dest, content in sorted(docs.items()):
+    for dest, content in sorted(generated.items()):
         digest.update(f"\0{dest}\0".encode())
         digest.update(content)
     for dest, src in sorted(copies.items()):
@@ -330,8 +361,8 @@ def assemble() -> bool:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the test session and a script may build at once
         copies = plan_copies()
         galaxy = galaxy_yml()
-        docs = carried_docs(copies)
-        digest = inputs_digest(copies, galaxy, docs)
+        generated = carried_docs(copies) | sanity_ignores(copies)
+        digest = inputs_digest(copies, galaxy, generated)
         if TREE.is_dir() and STAMP.is_file() and STAMP.read_text().strip() == digest:
             return False
         TREE.parent.mkdir(parents=True, exist_ok=True)
@@ -341,7 +372,7 @@ def assemble() -> bool:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
         (staging / "galaxy.yml").write_text(galaxy)
-        for dest, content in docs.items():
+        for dest, content in generated.items():
             (staging / dest).parent.mkdir(parents=True, exist_ok=True)
             (staging / dest).write_bytes(content)
         (staging / BOOT_PYZ).parent.mkdir(parents=True, exist_ok=True)

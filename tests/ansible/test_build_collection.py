@@ -171,3 +171,18 @@ def test_a_link_that_cannot_resolve_is_refused(tmp_path: Path, monkeypatch, page
     monkeypatch.setattr(tool, "REPO", tmp_path)
     with pytest.raises(tool.BuildError, match=message):
         tool.carried_docs(docs_repo(tmp_path, pages))
+
+
+def test_the_sanity_ignores_name_every_plugin_for_each_admitted_release() -> None:
+    copies = tool.plan_copies()
+    ignores = tool.sanity_ignores(copies)
+    assert sorted(ignores) == ["tests/sanity/ignore-2.18.txt", "tests/sanity/ignore-2.19.txt"]
+    plugins = sorted(
+        f"plugins/{kind}/{p.name}"
+        for kind in ("modules", "lookup")
+        for p in (tool.REPO / "plugins" / kind).glob("*.py")
+    )
+    for text in ignores.values():
+        lines = text.decode().splitlines()
+        assert sorted(line.split()[0] for line in lines) == plugins
+        assert {line.split()[1] for line in lines} == {"validate-modules:missing-gplv3-license"}
