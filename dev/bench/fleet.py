@@ -1,9 +1,9 @@
-"""The fleet figure of a no-op run: facts-only play against a no-op converge, on N hosts.
+"""The fleet figures: a facts-only play against a no-op converge and the fleet report, on N hosts.
 
 Each fake host is an inventory entry with ``ansible_connection: local`` and its own staged
 root: a copy of a real capture (``tests/fixtures/hosts``, unpacked by the CLI's own safe
 reader) plus a GRUB defaults file that already holds the IOMMU arguments. In the same run,
-over the same hosts and forks, two plays are timed (``time.perf_counter`` around
+over the same hosts and forks, three plays are timed (``time.perf_counter`` around
 ``ansible-playbook``, and the per-task profile of ``ansible.posix.profile_tasks``):
 
 * facts-only: ``gpuprov.kvm.gpu_host_facts`` on the staged root;
@@ -12,13 +12,23 @@ over the same hosts and forks, two plays are timed (``time.perf_counter`` around
   passthrough``) and ``gpu_vgpu`` (an empty layout) ahead, each with ``root`` the staged root,
   and each module runs only where that plan found something to do (as the roles do,
   docs/concepts/plan-gate.md). The roots are converged once, unmeasured, first; the measured
-  run must change nothing (else exit 1).
+  run must change nothing (else exit 1);
+* the fleet report, the playbook ``gpuprov.kvm.fleet_report`` (one ``gpu_fleet_facts`` run per
+  host: the declaration resolved, each GPU judged, drift and health read; docs/guides/fleet.md).
+  Each staged root is a converged host for it (the GPU bound to vfio-pci, GRUB configuring the
+  arguments the capture booted with) with a kernel log of ``--kernel-log-kib`` to read, as a
+  real host's ``/dev/kmsg``; the run must find every host converged (else exit 1).
 
 Per forks it prints t(N), the ratio, the per-host marginal cost (t(N) - t(1)) / (N - 1) and
-the projection t(1) + 999 x marginal to 1,000 hosts (docs/development/benchmarks.md).
+the projection t(1) + 999 x marginal to 1,000 hosts; then the report against the facts-only
+play: its ratio and per-host marginal cost, projected to 1,000 and 10,000 hosts
+(docs/development/benchmarks.md; the goal: the report's per-host cost within 1.2x the
+facts-only play's). ``--lab`` adds the lab host (``python -m dev.lab up``) as a real member
+of the facts-only and report plays.
 
-    python dev/bench/fleet.py                          # 1, 10, 50 hosts at forks 10 and 50
+    python dev/bench/fleet.py                          # 1, 10, 50, 200 hosts at forks 10 and 50
     python dev/bench/fleet.py --hosts 1,10 --forks 10
+    python dev/bench/fleet.py --no-report              # the no-op figures alone, as before
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -43,6 +54,10 @@ sys.path.insert(0, str(REPO))
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
 PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 FLEET_SIZE = 1000
+FLEET_SIZES = (1000, 10000)  # the report's projections
+REPORT_GOAL = 1.2  # the report's per-host cost against the facts-only play's (issue #30)
+LAB_INVENTORY = REPO / "inventories" / "lab"
+LAB_HOST = "lab-gpu-host"
 # The IOMMU arguments iommu_host sets on an Intel host; the staged GRUB file already has them.
 KERNEL_ARGUMENTS = ["intel_iommu=on", "iommu=pt"]
 GRUB = (
@@ -55,7 +70,10 @@ FACTS_PLAY = [
         "name": "facts only",
         "hosts": "all",
         "gather_facts": False,
-        "tasks": [{"name": "gpu_host_facts", "gpuprov.kvm.gpu_host_facts": {"root": "{{ gpuprov_root }}"}}],
+        # The lab host (--lab) has no gpuprov_root: its own root.
+        "tasks": [
+            {"name": "gpu_host_facts", "gpuprov.kvm.gpu_host_facts": {"root": "{{ gpuprov_root | default('/') }}"}}
+        ],
     }
 ]
 # Each concern's options in one place, as the roles keep them in their vars/main.yml: the gate task
@@ -130,6 +148,7 @@ class PlayRun:
     seconds: float
     recap: dict[str, int]
     profile: list[tuple[str, float]] = field(default_factory=list)
+    cpu: float = float("nan")  # CPU seconds (user + system) of the run's processes: steadier than wall time under load
 
 
 @dataclass
@@ -140,6 +159,7 @@ class Point:
     noop: PlayRun
     # The run these figures come from, when forks >= hosts made it the same as another forks.
     same_as_forks: int | None = None
+    report: PlayRun | None = None  # the fleet report's play (None: --no-report)
 
     @property
     def ratio(self) -> float:
@@ -218,8 +238,36 @@ def task_profile(text: str) -> list[tuple[str, float]]:
     return [(name.strip(), float(s)) for name, s in PROFILE_RE.findall(recap)]
 
 
-def stage(capture: Path, dest: Path, count: int) -> list[Path]:
-    """``count`` copies of the capture under ``dest``, each with the converged GRUB file."""
+def kernel_log(kib: int) -> str:
+    """A kernel log of about ``kib`` KiB, as a host's /dev/kmsg after some uptime: the kernel's
+    usual lines, a few NVIDIA ones (no Xid: a healthy host)."""
+    lines = [
+        "[{t:>12.6f}] pci 0000:00:{d:02x}.0: [8086:10d3] type 00 class 0x020000 PCIe Endpoint",
+        "[{t:>12.6f}] e1000e 0000:02:00.0 eth0: NIC Link is Up 1000 Mbps Full Duplex, Flow Control: None",
+        '[{t:>12.6f}] audit: type=1400 audit({t:.3f}:{d}): apparmor="STATUS" operation="profile_load"',
+        "[{t:>12.6f}] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue Sep 23 10:00:00 UTC 2025",
+        "[{t:>12.6f}] vfio-pci 0000:01:00.0: enabling device (0000 -> 0003)",
+    ]
+    out, size, i = [], 0, 0
+    while size < kib * 1024:
+        line = lines[i % len(lines)].format(t=i * 0.37, d=i % 256) + "\n"
+        out.append(line)
+        size += len(line)
+        i += 1
+    return "".join(out)
+
+
+def converged_grub(root: Path) -> str:
+    """GRUB's defaults configuring what the capture booted with, plus the IOMMU arguments."""
+    booted = (root / "proc/cmdline").read_text().split() if (root / "proc/cmdline").exists() else []
+    args = booted + [a for a in KERNEL_ARGUMENTS if a not in booted]
+    return f'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="{" ".join(args)}"\nGRUB_CMDLINE_LINUX=""\n'
+
+
+def stage(capture: Path, dest: Path, count: int, gpu: str | None = None, log_kib: int = 0) -> list[Path]:
+    """``count`` copies of the capture under ``dest``, each with the converged GRUB file (and, with
+    ``gpu``, that GPU bound to vfio-pci and a kernel log of ``log_kib`` KiB: a converged host for
+    the fleet report)."""
     from gpuprov.cli import rootfs
 
     if dest.exists():  # a kept --workdir from an earlier run
@@ -231,7 +279,14 @@ def stage(capture: Path, dest: Path, count: int) -> list[Path]:
     except rootfs.CaptureRefused as exc:
         refuse(f"--capture: {exc}")
     (template / "etc/default").mkdir(parents=True, exist_ok=True)
-    (template / "etc/default/grub").write_text(GRUB)
+    (template / "etc/default/grub").write_text(GRUB if gpu is None else converged_grub(template))
+    if gpu is not None:
+        from tests.fleethosts import bind
+
+        bind(template, gpu, "vfio-pci")
+    if log_kib:
+        (template / "var/log").mkdir(parents=True, exist_ok=True)
+        (template / "var/log/kern.log").write_text(kernel_log(log_kib))
     roots = []
     for i in range(1, count + 1):
         root = dest / f"host{i:04d}"
@@ -257,16 +312,124 @@ def _env() -> dict[str, str]:
     return env
 
 
-def play(playbook: Path, inv: Path, hosts: int, forks: int, env: dict[str, str]) -> PlayRun:
-    cmd = [str(PLAYBOOK), "-i", str(inv), "-f", str(forks), "-l", f"all[0:{hosts - 1}]", str(playbook)]
-    start = time.perf_counter()
+def cpu_used() -> float:
+    """CPU seconds (user + system) of this process's waited-for children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def play(
+    playbook: Path, inv: Path, hosts: int, forks: int, env: dict[str, str], lab: list[str] | None = None
+) -> PlayRun:
+    """One timed run of ``playbook`` on the first ``hosts`` hosts of ``inv``; ``lab``: the lab
+    host's ansible-playbook arguments (its inventory and overrides, :func:`lab_arguments`), one
+    member more."""
+    limit = f"all[0:{hosts - 1}]" + (f":{LAB_HOST}" if lab else "")
+    cmd = [str(PLAYBOOK), "-i", str(inv), *(lab or []), "-f", str(forks), "-l", limit, str(playbook)]
+    start, used = time.perf_counter(), cpu_used()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=REPO)
-    seconds = time.perf_counter() - start
+    seconds, used = time.perf_counter() - start, cpu_used() - used
     recap = recap_totals(proc.stdout)
+    hosts += 1 if lab else 0
     if proc.returncode != 0 or recap["hosts"] != hosts or recap["failed"] or recap["unreachable"]:
         tail = (proc.stdout + proc.stderr)[-3000:]
         raise SystemExit(f"fleet.py: {playbook.name} on {hosts} hosts failed (rc {proc.returncode}):\n{tail}")
-    return PlayRun(seconds, recap, task_profile(proc.stdout))
+    return PlayRun(seconds, recap, task_profile(proc.stdout), used)
+
+
+def report_run(inv: Path, hosts: int, forks: int, env: dict[str, str], lab: list[str] | None = None) -> PlayRun:
+    """One timed ``gpuprov fleet --json`` (the playbook gpuprov.kvm.fleet_report through the json
+    callback, and the document put together) on the first ``hosts`` hosts; exit 1 unless every
+    host is in the document, converged."""
+    limit = f"all[0:{hosts - 1}]" + (f":{LAB_HOST}" if lab else "")
+    # gpuprov fleet takes ansible-playbook's -i and -e: the lab's arguments as they are.
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpuprov",
+        "fleet",
+        "-i",
+        str(inv),
+        *(lab or []),
+        "-f",
+        str(forks),
+        "-l",
+        limit,
+        "--json",
+    ]
+    env = {k: v for k, v in env.items() if k != "ANSIBLE_CALLBACKS_ENABLED"}  # stdout is the json callback's
+    start, used = time.perf_counter(), cpu_used()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=REPO)
+    seconds, used = time.perf_counter() - start, cpu_used() - used
+    try:
+        document = json.loads(proc.stdout)
+    except ValueError:
+        raise SystemExit(
+            f"fleet.py: gpuprov fleet on {hosts} hosts failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+        ) from None
+    want = hosts + (1 if lab else 0)
+    statuses = [h["status"] for h in document["hosts"]]
+    if proc.returncode != 0 or len(statuses) != want or set(statuses) != {"converged"}:
+        odd = [h for h in document["hosts"] if h["status"] != "converged"][:2]
+        raise SystemExit(f"fleet.py: the report on {want} hosts: {statuses.count('converged')} converged; e.g. {odd}")
+    recap = {"hosts": want, "ok": want, "changed": 0, "unreachable": 0, "failed": 0}
+    return PlayRun(seconds, recap, cpu=used)
+
+
+def lab_arguments() -> list[str]:
+    """The lab host as one more member: its inventory and the overrides ``python -m dev.lab status
+    --json`` names; exit 2 when the lab is not running (this bench never starts it)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "dev.lab", "status", "--json"], capture_output=True, text=True, cwd=REPO
+    )
+    try:
+        status = json.loads(out.stdout)
+    except ValueError:
+        refuse("--lab: python -m dev.lab status --json printed no JSON")
+    if not status.get("running"):
+        refuse("--lab: the lab host is not running: start it with `python -m dev.lab up`")
+    overrides = status.get("inventory_overrides") or {}
+    return ["-i", str(LAB_INVENTORY), *(["-e", json.dumps(overrides)] if overrides else [])]
+
+
+def report_table(points: list[Point]) -> str:
+    """The report against the facts-only play: t(N) of each, the ratio, each one's per-host marginal
+    cost (wall and CPU) and their ratio (the goal: at most REPORT_GOAL), and the projections of the
+    wall times to FLEET_SIZES hosts."""
+    sizes = "".join(f" {'facts @' + f'{n:,}':>14} {'report @' + f'{n:,}':>15}" for n in FLEET_SIZES)
+    head = (
+        f"{'hosts':>5} {'forks':>5} {'facts s':>8} {'report s':>8} {'ratio':>6} {'facts s/host':>12}"
+        f" {'report s/host':>13} {'marginal ratio':>14} {'CPU s/host f/r':>15} {'CPU ratio':>9}{sizes}"
+    )
+    rows = [head, "-" * len(head)]
+    one = {p.forks: p for p in points if p.hosts == 1 and p.report}
+    for p in points:
+        if p.report is None:
+            continue
+        base = one.get(p.forks)
+        if base is None or base.report is None:
+            continue
+        mf = marginal(p.facts.seconds, base.facts.seconds, p.hosts)
+        mr = marginal(p.report.seconds, base.report.seconds, p.hosts)
+        cf = marginal(p.facts.cpu, base.facts.cpu, p.hosts)
+        cr = marginal(p.report.cpu, base.report.cpu, p.hosts)
+        ratio = p.report.seconds / p.facts.seconds if p.facts.seconds else float("nan")
+        cells = ""
+        for n in FLEET_SIZES:
+            pf, pr = projection(base.facts.seconds, mf, n), projection(base.report.seconds, mr, n)
+            cells += f" {_fmt(pf, 14, 0)} {_fmt(pr, 15, 0)}"
+        cpu = "-" if cf != cf else f"{cf:.3f}/{cr:.3f}"
+        note = f"  (same run as forks {p.same_as_forks})" if p.same_as_forks else ""
+        rows.append(
+            f"{p.hosts:>5} {p.forks:>5} {p.facts.seconds:>8.2f} {p.report.seconds:>8.2f} {_fmt(ratio, 6)}"
+            f" {_fmt(mf, 12, 3)} {_fmt(mr, 13, 3)} {_fmt(_div(mr, mf), 14)} {cpu:>15} {_fmt(_div(cr, cf), 9)}"
+            f"{cells}{note}"
+        )
+    return "\n".join(rows)
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b == b and a == a and b else float("nan")
 
 
 def _fmt(x: float, width: int, digits: int = 2) -> str:
@@ -308,12 +471,17 @@ def _ansible_version(env: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="facts-only play vs no-op converge on N local fake hosts")
-    p.add_argument("--hosts", default="1,10,50", help="fleet sizes, comma-separated (1 is always run)")
+    p = argparse.ArgumentParser(
+        description="facts-only play vs no-op converge and the fleet report on N local fake hosts"
+    )
+    p.add_argument("--hosts", default="1,10,50,200", help="fleet sizes, comma-separated (1 is always run)")
     p.add_argument("--forks", default="10,50", help="ansible forks, comma-separated")
     p.add_argument("--capture", type=Path, default=HOSTS / "gpu-audio.tar.gz", help="the capture every host is")
     p.add_argument("--gpu", default="0000:01:00.0", help="the capture's GPU, declared use: passthrough")
     p.add_argument("--workdir", type=Path, help="stage the roots here (kept); default a temp dir, removed")
+    p.add_argument("--no-report", dest="report", action="store_false", help="time the facts and no-op plays alone")
+    p.add_argument("--kernel-log-kib", type=int, default=256, help="the kernel log each staged host has (KiB)")
+    p.add_argument("--lab", action="store_true", help="the lab host (python -m dev.lab up) as a real member too")
     a = p.parse_args(argv)
     sizes = sorted(set(parse_counts(a.hosts, "--hosts")) | {1})
     forks_list = parse_counts(a.forks, "--forks")
@@ -325,6 +493,9 @@ def main(argv: list[str] | None = None) -> int:
         refuse(f"--gpu: {exc}")
     if not PLAYBOOK.exists():
         p.error(f"{PLAYBOOK} not found: install the test extra (ansible-core)")
+    if a.kernel_log_kib < 0:
+        refuse(f"--kernel-log-kib {a.kernel_log_kib}: give a size in KiB, 0 for none")
+    lab = lab_arguments() if a.lab else None
 
     built = subprocess.run(
         [sys.executable, str(REPO / "dev" / "tools" / "build_collection.py")],
@@ -339,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     points: list[Point] = []
     try:
-        roots = stage(a.capture, work / "roots", sizes[-1])
+        roots = stage(a.capture, work / "roots", sizes[-1], gpu if a.report else None, a.kernel_log_kib)
         inv = work / "inventory.yml"  # JSON is YAML: the yaml inventory plugin reads it
         inv.write_text(json.dumps(inventory(roots, gpu, sys.executable), indent=1))
         facts_pb, converge_pb = work / "facts.yml", work / "converge.yml"
@@ -354,12 +525,14 @@ def main(argv: list[str] | None = None) -> int:
                 # With hosts <= forks, a larger forks runs the same way: reuse that run.
                 key = (n, min(n, forks))
                 if key in done:
-                    points.append(Point(n, forks, done[key].facts, done[key].noop, same_as_forks=done[key].forks))
+                    d = done[key]
+                    points.append(Point(n, forks, d.facts, d.noop, same_as_forks=d.forks, report=d.report))
                     continue
                 print(f"{n} hosts, forks {forks} ...", file=sys.stderr)
-                facts = play(facts_pb, inv, n, forks, env)
+                facts = play(facts_pb, inv, n, forks, env, lab)
                 noop = play(converge_pb, inv, n, forks, env)
-                point = Point(n, forks, facts, noop)
+                report = report_run(inv, n, forks, env, lab) if a.report else None
+                point = Point(n, forks, facts, noop, report=report)
                 done[key] = point
                 points.append(point)
                 problem = not_a_noop(noop, n)
@@ -375,7 +548,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} cores, load average {load:.2f} (1 min, at the end); {_ansible_version(env)}")
     python = sys.version.split()[0]
     print(f"capture {a.capture.name}, GPU {gpu} declared passthrough; connection local; Python {python}")
+    if lab:
+        print(f"the lab host {LAB_HOST} is one more member of the facts-only and report plays (ssh)")
     print(table(points))
+    if a.report:
+        print(
+            f"\nthe fleet report (gpuprov fleet --json, every host converged; kernel log {a.kernel_log_kib} KiB a host)"
+        )
+        print(f"against the facts-only play (goal: marginal ratio <= {REPORT_GOAL}):")
+        print(report_table(points))
     measured = [pt for pt in points if not pt.same_as_forks]
     changed = sum(pt.noop.recap["changed"] for pt in measured)
     results = sum(pt.noop.recap["ok"] for pt in measured)

@@ -59,7 +59,7 @@ def environment() -> dict[str, str]:
 
 
 def command(args: argparse.Namespace) -> list[str]:
-    cmd = [ansible_playbook(), "-i", args.inventory]
+    cmd = [ansible_playbook(), *(a for path in args.inventory for a in ("-i", path))]
     if args.forks is not None:
         cmd += ["-f", str(args.forks)]
     if args.limit:
@@ -194,10 +194,11 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
     if args.forks is not None and args.forks < 1:
         raise UsageError(f"-f/--forks {args.forks}: give a positive number of forks")
-    if not os.path.exists(args.inventory) and "," not in args.inventory:
-        raise UsageError(f"-i {args.inventory}: no such inventory file or directory")
+    for path in args.inventory:
+        if not os.path.exists(path) and "," not in path:
+            raise UsageError(f"-i {path}: no such inventory file or directory")
     output = run_play(args)
-    document = fleet_document(records(output), inventory=args.inventory, forks=args.forks)
+    document = fleet_document(records(output), inventory=", ".join(args.inventory), forks=args.forks)
     if args.html:
         from .fleet_html import render_html
 
@@ -222,7 +223,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "resets, ECC, remapped rows). A host with gpuprov_root is read below that root (a staged capture). "
         "Read-only on the hosts.",
     )
-    p.add_argument("-i", "--inventory", required=True, metavar="INVENTORY", help="the Ansible inventory")
+    p.add_argument(
+        "-i",
+        "--inventory",
+        required=True,
+        action="append",
+        metavar="INVENTORY",
+        help="the Ansible inventory (repeatable)",
+    )
     p.add_argument("-l", "--limit", metavar="PATTERN", help="only these hosts (ansible-playbook's --limit)")
     p.add_argument("-f", "--forks", type=int, metavar="N", help="hosts read at once (default: Ansible's forks setting)")
     p.add_argument(

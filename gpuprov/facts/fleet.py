@@ -12,14 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .boot import GRUB_DEFAULT, GRUB_DROPINS, MAX_CMDLINE, MAX_DROPIN, MAX_DROPINS
-from .bootloader import KERNEL_CMDLINE
 from .containers import CdiSpec, read_cdi_specs
 from .domains import RUNNING_DOMAINS, domain_devices
 from .driver import read_driver
-from .mig import MigFacts, read_mig
+from .mig import MigFacts
 from .sysfs import Sysfs
 
 DEFINED_DOMAINS = "etc/libvirt/qemu"
+# systemd-boot's and kernel-install's kernel line, as gpuprov.facts.bootloader.KERNEL_CMDLINE (not
+# imported: this module ships with the fleet report's module, bootloader's trial code would too).
+KERNEL_CMDLINE = "etc/kernel/cmdline"
 # /etc/default/grub is a page or two; a larger one is not read (as plan/host/cmdline.py refuses it).
 MAX_GRUB_DEFAULT = 256 * 1024
 MAX_DOMAIN_XML = 1 << 20
@@ -94,6 +96,12 @@ def read_boot_config(sysfs: Sysfs) -> BootConfig:
     return boot
 
 
+def _read_mig(sysfs: Sysfs) -> MigFacts:
+    from .mig import read_mig  # nvidia-smi's parsers, imported only where a GPU is declared use: mig
+
+    return read_mig(sysfs)
+
+
 def read_fleet_facts(sysfs: Sysfs, *, mig: bool = False) -> FleetFacts:
     driver = read_driver(sysfs)
     return FleetFacts(
@@ -102,5 +110,5 @@ def read_fleet_facts(sysfs: Sysfs, *, mig: bool = False) -> FleetFacts:
         cdi=read_cdi_specs(sysfs),
         driver_version=driver.version,
         driver_loaded=driver.loaded,
-        mig=read_mig(sysfs) if mig else None,
+        mig=_read_mig(sysfs) if mig else None,
     )

@@ -9,9 +9,24 @@ from __future__ import annotations
 from typing import Any
 
 from ..facts.health import GpuHealth
-from .checks_multigpu import XID_HARDWARE
 
 FAIL, WARN = "fail", "warn"
+# The Xids that say the hardware or its memory failed, as gpuprov verify's
+# (gpuprov.verify.checks_multigpu.XID_HARDWARE; tests/facts/test_health.py holds the two the
+# same). Not imported from there: this module ships to every host with the fleet report's
+# module, and verify's checks bring the container and bench code with them.
+XID_HARDWARE = {
+    48: "double-bit ECC error",
+    63: "ECC page retirement or row remap",
+    64: "ECC page retirement or row remap failure",
+    74: "NVLink error",
+    79: "GPU fallen off the bus",
+    92: "high single-bit ECC rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
 KIND_WORDS = {"fatal": "fatal", "nonfatal": "non-fatal", "correctable": "correctable"}
 RESET_FIX = "stop the GPU's jobs and VMs, reset it (or reboot the host); if it comes back, service the GPU"
 

@@ -171,6 +171,15 @@ def test_read_health_reads_the_log_once_for_every_gpu(tmp_path: Path) -> None:
     assert quiet.gpus[fleethosts.H100].xids == [] and "not read" in (quiet.log_error or "")
 
 
+def test_the_hardware_xids_are_verifys() -> None:
+    from gpuprov.facts import bootloader, fleet
+    from gpuprov.verify import checks_multigpu
+    from gpuprov.verify import health as verify_health
+
+    assert verify_health.XID_HARDWARE == checks_multigpu.XID_HARDWARE
+    assert fleet.KERNEL_CMDLINE == bootloader.KERNEL_CMDLINE
+
+
 @pytest.mark.parametrize(
     ("values", "codes", "worst"),
     [
