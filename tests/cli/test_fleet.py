@@ -351,3 +351,17 @@ def test_host_values_never_become_markup_or_break_the_metrics() -> None:
     metrics = parse_prometheus(prometheus_text(document))
     hosts = {s[0]["host"] for s in metrics["gpuprov_fleet_host_status"]["samples"]}
     assert hosts == {'host\\"<script>alert(1)</script>\x1b[2J&amp;', "x\\ny"}  # escaped as the format says
+
+
+def test_a_live_h200_guest_as_a_member_matches_the_schema() -> None:
+    """host_record on the H200 device machine (a Firecracker guest, driver 580, nvidia-ml-py), as root:
+    /dev/kmsg read, ECC and remapped rows through NVML (tests/fixtures/outputs/h200-live.fleet.json)."""
+    document = json.loads((REPO / "tests/fixtures/outputs/h200-live.fleet.json").read_text())
+    jsonschema.validate(document, SCHEMA)
+    (host,) = document["hosts"]
+    assert host["status"] == "converged" and host["health"]["log_source"] == "/dev/kmsg"
+    assert host["health"]["memory_source"] == "nvml"
+    (gpu,) = host["gpus"]
+    assert gpu["driver"] == "nvidia" and gpu["health"]["config"] == "ok" and gpu["health"]["power_state"] == "D0"
+    assert gpu["health"]["remapped_rows"] == {"corrected": 0, "uncorrected": 0, "pending": False, "failure": False}
+    assert parse_prometheus(prometheus_text(document))["gpuprov_gpu_ecc_errors"]["samples"]
