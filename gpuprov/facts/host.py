@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from .evidence import GROUPS, MissingEvidence, note
 from .iommu import IommuState, read_iommu
 from .mdev import MdevInstance, MdevParent, VgpuVf, read_mdev_instances, read_mdev_parents, read_vgpu_vfs
-from .names import PciIds, name_source
+from .names import name_devices
 from .numa import NumaNode, parse_cpulist, read_numa
 from .pci import PciDevice, read_pci_devices
 from .sysfs import Sysfs
@@ -26,7 +26,7 @@ class HostFacts:
     vgpu_vfs: dict[str, VgpuVf]
     numa: list[NumaNode]
     usage: HostUsage
-    names_from: str  # "udev" | "pci.ids" | "none"
+    names_from: str  # "udev" (its hwdb) | "pci.ids" | "none": gpuprov.facts.names.name_devices
     # Evidence the safety rules need that could not be read (docs/concepts/safety-rules.md).
     missing: MissingEvidence = field(default_factory=dict)
 
@@ -67,21 +67,6 @@ def _os_name(sysfs: Sysfs) -> str | None:
     return None
 
 
-def _name_devices(sysfs: Sysfs, devices: dict[str, PciDevice]) -> str:
-    udev = name_source(sysfs)
-    if udev is not None:
-        for dev in devices.values():
-            dev.vendor_name, dev.device_name = udev.lookup(sysfs.path(dev.sysfs_path))
-        if any(d.vendor_name for d in devices.values()):
-            return "udev"
-    ids = PciIds.load()
-    if ids is None:
-        return "none"
-    for dev in devices.values():
-        dev.vendor_name, dev.device_name = ids.lookup(dev.vendor_id, dev.device_id)
-    return "pci.ids"
-
-
 def cpu_count(facts: HostFacts) -> int | None:
     """One past the host's highest CPU number (None: the host shows no NUMA CPU lists)."""
     cpus = [c for n in facts.numa for c in parse_cpulist(n.cpulist)]
@@ -115,6 +100,6 @@ def gather(sysfs: Sysfs) -> HostFacts:
         vgpu_vfs=read_vgpu_vfs(sysfs, devices),
         numa=read_numa(sysfs, missing),
         usage=usage,
-        names_from=_name_devices(sysfs, devices),
+        names_from=name_devices(sysfs, devices),
         missing=missing,
     )

@@ -160,6 +160,7 @@ class PciDevice:
     virtfns: list[str] = field(default_factory=list)
     vendor_name: str | None = None
     device_name: str | None = None
+    product_name: str | None = None  # the driver's own name for it (NVIDIA's: nvidia-smi's), gpuprov.facts.names
     bars: list[PciBar] | None = None  # None: unknown (no readable resource file)
 
     @property
@@ -194,8 +195,10 @@ class PciDevice:
 
     @property
     def name(self) -> str:
+        """Vendor and device name (``Device 2335`` where only the vendor is named, as lspci), or the ids."""
         if self.vendor_name or self.device_name:
-            return " ".join(n for n in (self.vendor_name, self.device_name) if n)
+            device = self.device_name or (None if self.device_id is None else f"Device {self.device_id:04x}")
+            return " ".join(n for n in (self.vendor_name, device) if n)
         return f"[{self.id_pair}]"
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import __version__
 from ..facts.host import HostFacts
+from ..facts.names import class_name
 from ..facts.pci import PciDevice
 from ..rules.assess import GpuAssessment
 
@@ -26,9 +27,11 @@ def pci_device_dict(dev: PciDevice) -> dict[str, Any]:
         "subsystem_vendor_id": _hex(dev.subsystem_vendor_id, 4),
         "subsystem_device_id": _hex(dev.subsystem_device_id, 4),
         "class": _hex(dev.class_code, 6),
+        "class_name": class_name(dev.class_code),
         "revision": _hex(dev.revision, 2),
         "vendor_name": dev.vendor_name,
         "device_name": dev.device_name,
+        "product_name": dev.product_name,
         "driver": dev.driver,
         "driver_override": dev.driver_override,
         "numa_node": dev.numa_node,
@@ -74,10 +77,12 @@ def gpu_dict(a: GpuAssessment) -> dict[str, Any]:
 
 
 def _instances(facts: HostFacts, gpu: dict[str, Any]) -> dict[str, Any]:
-    """The GPU's vGPU instances and free capacity, added to what the assessment offers."""
+    """The GPU's names and vGPU instances and free capacity, added to what the assessment offers."""
+    dev = facts.pci.get(gpu["address"])
+    gpu["product_name"] = dev.product_name if dev else None
+    gpu["class_name"] = class_name(dev.class_code) if dev else None
     vgpu = gpu["vgpu"]
     if "sriov_vgpu" in vgpu:
-        dev = facts.pci.get(gpu["address"])
         vfs = [facts.vgpu_vfs[v] for v in (dev.virtfns if dev else []) if v in facts.vgpu_vfs]
         names: dict[int, str] = {}
         for vf in vfs:

@@ -36,8 +36,14 @@ def test_live_report(name: str, device_id: str, host_root, capsys) -> None:
             g.pop("name")
         for d in report["pci_devices"]:
             d.pop("vendor_name"), d.pop("device_name")
-    # Keys added to schema v1 since the live run (intended_use, declared_as, state) are left out.
-    known = set(live["gpus"][0])
+    # Keys added to schema v1 since the live run (intended_use, declared_as, state; the names:
+    # product_name, class_name) are left out.
+    known, known_pci = set(live["gpus"][0]), set(live["pci_devices"][0])
     assert [{k: v for k, v in g.items() if k in known} for g in again["gpus"]] == live["gpus"]
-    assert again["pci_devices"] == live["pci_devices"]
+    assert [{k: v for k, v in d.items() if k in known_pci} for d in again["pci_devices"]] == live["pci_devices"]
+    # The names the driver gave the GPU on that run (its /proc/driver/nvidia, as nvidia-smi).
+    assert [g["product_name"] for g in again["gpus"]] == [
+        {"h100-live": "NVIDIA H100 80GB HBM3"}.get(name, "NVIDIA H200")
+    ]
+    assert [g["class_name"] for g in again["gpus"]] == ["3D controller"]
     assert again["iommu"] == live["iommu"]

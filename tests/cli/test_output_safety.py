@@ -111,6 +111,7 @@ def build_host(root: Path, value: str) -> dict[str, str]:
     return {
         "uevent DRIVER": one,
         "pci.ids vendor name": value.strip() or "x",
+        "hwdb name": f"{line(value).strip()} NVMe",
         "NIC and bridge names": tok,
         "block device name": f"nvme{tok}",
         "mount point": f"/srv/{tok}",
@@ -133,6 +134,13 @@ def fake_pci_ids(value: str) -> Callable[..., names.PciIds]:
     return lambda *a, **k: names.PciIds(text)
 
 
+def fake_hwdb(value: str) -> Callable[..., names.HwdbIds]:
+    """udev's hwdb naming the NVMe controller (1b36:0010) ``value``; the GPU is left to pci.ids."""
+    text = f"# hwdb\npci:v00001B36*\n ID_VENDOR_FROM_DATABASE={line(value)}\n\n"
+    text += f"pci:v00001B36d00000010*\n ID_MODEL_FROM_DATABASE={line(value)} NVMe\n"
+    return lambda *a, **k: names.HwdbIds(text.encode("utf-8", "surrogateescape"))
+
+
 RUNS = {
     "inspect": lambda root, vms: ["inspect", "--root", str(root)],
     "inspect --all": lambda root, vms: ["inspect", "--all", "--root", str(root)],
@@ -146,6 +154,7 @@ RUNS = {
 
 def run_all(tmp: Path, value: str, capsys, monkeypatch) -> tuple[dict[str, str], dict[str, tuple[int, str, str]]]:
     monkeypatch.setattr(names.PciIds, "load", fake_pci_ids(value))
+    monkeypatch.setattr(names.HwdbIds, "load", fake_hwdb(value))
     root = tmp / "root"
     shown = build_host(root, value)
     vms = write_vms(tmp / "vms.yml", value)
@@ -181,8 +190,9 @@ def test_hostile_values_are_shown_escaped(value, clean_codes, tmp_path, capsys, 
             json.loads(out)
     text = {run: out for run, (rc, out, _) in results.items() if not run.endswith("--json") and rc != 2}
     inspect_out = text["inspect"] + text["inspect --all"]
-    for place in ("uevent DRIVER", "pci.ids vendor name", "NIC and bridge names", "block device name"):
+    for place in ("uevent DRIVER", "pci.ids vendor name", "hwdb name", "NIC and bridge names", "block device name"):
         assert safe_text(shown[place]) in inspect_out, place
+    assert safe_text(shown["nvidia-smi product name"]) in text["inspect"]  # the GPU's name, as the driver gives it
     for place in ("mount point", "process name", "mdev type name", "os-release", "kernel argument"):
         assert safe_text(shown[place]) in inspect_out, place
     if "plan" in text:
