@@ -412,7 +412,8 @@ def assess_gpu(facts: HostFacts, address: str, held: dict[str, list[str]] | None
             Finding(
                 "companion",
                 INFO,
-                f"companion {kind} {comp} (driver {cdev.driver if cdev else None}) must be passed through with it",
+                f"companion {kind} {comp} ({f'driver {cdev.driver}' if cdev and cdev.driver else 'no driver'}) "
+                "must be passed through with it",
                 device=comp,
             )
         )
