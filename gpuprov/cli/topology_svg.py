@@ -1,6 +1,8 @@
 """The topology document (:mod:`gpuprov.report.topology`) as an SVG picture, or an HTML page
 holding it: one column per NUMA node, an indented tree of boxes in each (root bus, ports,
-GPU), each GPU's group members in a dashed frame with it.
+GPU), each GPU's group members in a dashed frame with it, each GPU coloured by its verdict;
+below them a legend of the colours and, with two GPUs or more, their link matrix as
+``nvidia-smi topo -m`` prints it.
 
 Hand-made SVG, no dependency. Every value from the host is untrusted: it goes through
 :func:`gpuprov.cli.textsafe.safe_text` (control characters shown as escapes; XML allows
@@ -16,11 +18,27 @@ from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape
 
+from ..report.topology import LINKS, NOT_READY, READY, UNKNOWN_VERDICT, WARNINGS
 from .textsafe import safe_text
-from .topology_labels import RELATION_TEXT, device_label, gpu_details, node_title
+from .topology_labels import (
+    RELATION_TEXT,
+    device_label,
+    gpu_column,
+    gpu_details,
+    matrix_title,
+    node_title,
+    verdict_line,
+)
 
-# Colours; GPU_FILL is what the browser test looks for in the screenshot (tests/cli/test_topology.py).
-GPU_FILL, GPU_STROKE = "#76b900", "#3d6000"
+# Colours. A GPU's box is filled by its verdict (fill, stroke); the browser test looks for
+# these in the screenshot (tests/cli/test_topology.py).
+VERDICT_COLOURS = {
+    READY: ("#76b900", "#3d6000"),
+    WARNINGS: ("#f2c94c", "#8a6d00"),
+    UNKNOWN_VERDICT: ("#b8a9e0", "#4b3d8f"),
+    NOT_READY: ("#f28b82", "#a50e0e"),
+}
+GPU_FILL, GPU_STROKE = VERDICT_COLOURS[READY]
 PORT_FILL, PORT_STROKE = "#dbe7f5", "#5b7fa6"
 BUS_FILL, BUS_STROKE = "#eeeeee", "#8a8a8a"
 MEMBER_FILL = {"companion": "#fde2c4", "bridge": "#eeeeee", "group member": "#f8c9c9"}
@@ -30,6 +48,7 @@ COLUMN_FILL, COLUMN_STROKE = "#f6f8fb", "#9aa9bb"
 FONT_PX, CHAR_PX, BOLD_WIDTH = 12, 7.3, 1.04  # monospace: a line's width is known before a browser draws it
 LINE_PX, PAD, INDENT, GAP, MARGIN = 15, 8, 26, 10, 16
 HEADER_PX, TITLE_CHAR_PX = 46, 10.2  # the title: 16 px bold
+SWATCH_PX, MAX_LINE = 12, 72  # a legend's colour square; a box's line is cut here (the whole in its tooltip)
 # XML 1.0 allows no C0 control but TAB/LF/CR, and not U+FFFE/U+FFFF: safe_text escapes the rest.
 _NOT_XML = re.compile("[\ufffe\uffff]")
 
@@ -49,6 +68,7 @@ class Box:
     kind: str  # bus | port | gpu | member
     parent: int | None  # index of the box it hangs from
     dashed: bool = False
+    tip: str | None = None  # shown on hover: what a cut line says in full
     x: float = 0
     y: float = 0
     width: float = 0
@@ -78,8 +98,13 @@ def _column(node: dict[str, Any]) -> Column:
                 lines = [f"{e['role']} {e['address']} ({e['driver'] or 'no driver'}{group})", e["name"]]
                 walk(e["children"], depth + 1, add(Box(depth, lines, PORT_FILL, PORT_STROKE, "port", parent)))
                 continue
-            lines = [f"GPU {device_label(e)}", gpu_details(e)] + e["unknown"]
-            gpu = add(Box(depth, lines, GPU_FILL, GPU_STROKE, "gpu", parent))
+            reason = verdict_line(e)
+            cut = reason if len(reason) <= MAX_LINE else reason[: MAX_LINE - 1] + "…"
+            lines = [f"GPU {device_label(e)}", gpu_details(e), cut] + e["unknown"]
+            fill, stroke = VERDICT_COLOURS.get(e.get("verdict") or UNKNOWN_VERDICT, VERDICT_COLOURS[UNKNOWN_VERDICT])
+            reasons = [r for r in e.get("blockers") or e.get("warnings") or [] if r not in e["unknown"]]
+            tip = "; ".join([e.get("verdict") or UNKNOWN_VERDICT, *reasons])
+            gpu = add(Box(depth, lines, fill, stroke, "gpu", parent, tip=tip))
             for m in e["members"]:
                 rel = m["relation"]
                 lines = [f"{RELATION_TEXT[rel]}", f"{device_label(m)} ({m['driver'] or 'no driver'})"]
@@ -114,12 +139,66 @@ def _layout(document: dict[str, Any]) -> tuple[list[Column], float, float]:
     return columns, max(x, 420.0), HEADER_PX + MARGIN + height + MARGIN
 
 
+def _legend_items() -> list[tuple[str, str, str, bool]]:
+    """(label, fill, stroke, dashed) of each thing the picture colours."""
+    items = [(f"GPU {verdict}", fill, stroke, False) for verdict, (fill, stroke) in VERDICT_COLOURS.items()]
+    items += [("root bus", BUS_FILL, BUS_STROKE, False), ("port, switch, bridge", PORT_FILL, PORT_STROKE, False)]
+    items += [(RELATION_TEXT[r], MEMBER_FILL[r], MEMBER_STROKE[r], r == "bridge") for r in MEMBER_FILL]
+    items.append(("IOMMU group (dashed frame)", "none", "#c77700", True))
+    return items
+
+
+def _legend(x0: float, y0: float, width: float) -> tuple[list[str], float]:
+    """The legend's SVG, flowed into rows of ``width``, and the height it takes."""
+    out = [f'<g class="legend"><text x="{x0:.1f}" y="{y0 + 12:.1f}" font-weight="bold">Legend</text>']
+    x, y = x0, y0 + LINE_PX + 6
+    for label, fill, stroke, dashed in _legend_items():
+        item = SWATCH_PX + 6 + len(label) * CHAR_PX + 18
+        if x > x0 and x + item > x0 + width:
+            x, y = x0, y + LINE_PX + 4
+        dash = ' stroke-dasharray="3 2"' if dashed else ""
+        out.append(
+            f'<rect class="swatch" x="{x:.1f}" y="{y:.1f}" width="{SWATCH_PX}" height="{SWATCH_PX}" '
+            f'fill="{fill}" stroke="{stroke}"{dash}/>'
+        )
+        out.append(f'<text x="{x + SWATCH_PX + 6:.1f}" y="{y + 10:.1f}">{text(label)}</text>')
+        x += item
+    out.append("</g>")
+    return out, y + SWATCH_PX + 4 - y0
+
+
+def _matrix_lines(document: dict[str, Any]) -> list[str]:
+    """The link matrix as monospace lines (title, header, a row per GPU, the words used)."""
+    matrix = document.get("link_matrix") or {}
+    gpus = matrix.get("gpus") or []
+    if len(gpus) < 2:
+        return []
+    label = max(len(f"{gpu_column(i)} {a}") for i, a in enumerate(gpus))
+    cell = max(6, *(len(gpu_column(i)) + 2 for i in range(len(gpus))), *(len(c) + 2 for r in matrix["rows"] for c in r))
+    lines = [matrix_title(matrix), " " * (label + 2) + "".join(gpu_column(i).ljust(cell) for i in range(len(gpus)))]
+    for i, (address, row) in enumerate(zip(gpus, matrix["rows"], strict=True)):
+        lines.append(f"{gpu_column(i)} {address}".ljust(label + 2) + "".join(c.ljust(cell) for c in row))
+    used = {c for row in matrix["rows"] for c in row}
+    for word, meaning in LINKS.items():
+        if word in used or (word == "NV#" and any(c.startswith("NV") for c in used)):
+            lines.append(f"  {word:<4} {meaning}")
+    return lines
+
+
 def render_svg(document: dict[str, Any], *, standalone: bool = True) -> str:
     """The picture as an SVG document (``standalone``) or an ``<svg>`` element for a page."""
     columns, width, height = _layout(document)
     count = document["gpu_count"]
     title = f"PCI topology of {document['root']}: {count} GPU{'s' * (count != 1)}"
-    width = max(width, len(safe_text(title)) * TITLE_CHAR_PX + 2 * MARGIN)
+    matrix = _matrix_lines(document)
+    width = max(
+        width,
+        len(safe_text(title)) * TITLE_CHAR_PX + 2 * MARGIN,
+        max((len(safe_text(line)) for line in matrix), default=0) * CHAR_PX + 2 * MARGIN,
+    )
+    legend, legend_height = _legend(MARGIN, height, width - 2 * MARGIN)
+    matrix_top = height + legend_height + MARGIN
+    height = matrix_top + (len(matrix) * LINE_PX + MARGIN if matrix else 0)
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="monospace" font-size="{FONT_PX}">',
@@ -152,8 +231,9 @@ def render_svg(document: dict[str, Any], *, standalone: bool = True) -> str:
                 out.append(f'<path d="M{x0:.1f} {y0:.1f}V{y1:.1f}H{box.x:.1f}" fill="none" stroke="#555555"/>')
         for box in col.boxes:
             dash = ' stroke-dasharray="4 2"' if box.dashed else ""
+            tip = f"<title>{text(box.tip)}</title>" if box.tip else ""
             out.append(
-                f'<g class="{box.kind}"><rect x="{box.x:.1f}" y="{box.y:.1f}" width="{box.width:.1f}" '
+                f'<g class="{box.kind}">{tip}<rect x="{box.x:.1f}" y="{box.y:.1f}" width="{box.width:.1f}" '
                 f'height="{box.height:.1f}" rx="4" fill="{box.fill}" stroke="{box.stroke}"{dash}/>'
             )
             for i, line in enumerate(box.lines):
@@ -163,6 +243,16 @@ def render_svg(document: dict[str, Any], *, standalone: bool = True) -> str:
                     f'xml:space="preserve">{text(line)}</text>'
                 )
             out.append("</g>")
+    out += legend
+    if matrix:
+        out.append('<g class="links">')
+        for i, line in enumerate(matrix):
+            weight = ' font-weight="bold"' if i == 0 else ""
+            out.append(
+                f'<text x="{MARGIN}" y="{matrix_top + 12 + i * LINE_PX:.1f}"{weight} '
+                f'xml:space="preserve">{text(line)}</text>'
+            )
+        out.append("</g>")
     out.append("</svg>")
     body = "\n".join(out) + "\n"
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + body if standalone else body

@@ -5,19 +5,36 @@ devices of its IOMMU group and the functions of its slot (docs/guides/passthroug
 GPUs, the bridges and ports on the way from the root complex to them, and the devices that
 share a GPU's group are shown. Pure: reads nothing but the facts.
 
+Each GPU carries its verdict (gpuprov.rules.assess, as ``gpuprov inspect`` gives it without a
+declaration) and its blockers; the document ends with the GPUs' link matrix, in the words of
+``nvidia-smi topo -m``: the PCIe path between each two GPUs from the facts, and NVLink where
+it is known (:func:`link_matrix`).
+
 The renderers (terminal tree, SVG, HTML) in gpuprov/cli/ work from this document, so every
 view shows the same data.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .. import __version__
 from ..facts.evidence import GROUPS
 from ..facts.host import HostFacts
+from ..facts.names import class_name
 from ..facts.pci import PciDevice
-from ..rules.assess import bridge_kind, companions_of, is_gpu, unknown_findings
+from ..rules.assess import (
+    BLOCKER,
+    UNKNOWN,
+    WARNING,
+    GpuAssessment,
+    assess,
+    bridge_kind,
+    companions_of,
+    is_gpu,
+    unknown_findings,
+)
 
 SCHEMA = "gpuprov.topology/v1"
 
@@ -26,6 +43,20 @@ ROOT_PORT, SWITCH_UP, SWITCH_DOWN, BRIDGE = "root port", "switch upstream port",
 COMPANION = "companion"  # a function of the GPU's slot: passed through with it
 GROUP_BRIDGE = "bridge"  # a port or bridge in the GPU's group: stays with the host
 GROUP_MEMBER = "group member"  # any other device in the GPU's IOMMU group
+# A GPU's verdict, as inspect gives it: no blocker (and no warning), only blockers about
+# evidence that could not be read, or a blocker the facts show.
+READY, WARNINGS, UNKNOWN_VERDICT, NOT_READY = "ready", "ready, with warnings", "unknown", "not ready"
+VERDICTS = (READY, WARNINGS, UNKNOWN_VERDICT, NOT_READY)
+# The link between two GPUs, in nvidia-smi topo -m's words (NV# for # NVLinks).
+LINKS = {
+    "X": "the GPU itself",
+    "NV#": "# NVLinks joined",
+    "PIX": "through at most one PCIe switch (or bridge)",
+    "PXB": "through several PCIe switches, not the host bridge",
+    "PHB": "through a PCIe host bridge (the CPU's root complex)",
+    "NODE": "between the PCIe host bridges of one NUMA node",
+    "SYS": "between NUMA nodes (QPI/UPI, Infinity Fabric)",
+}
 
 
 def root_bus(dev: PciDevice) -> str:
@@ -73,10 +104,20 @@ def _device(dev: PciDevice) -> dict[str, Any]:
     return {
         "address": dev.address,
         "name": dev.name,
+        "product_name": dev.product_name,
+        "class_name": class_name(dev.class_code),
         "id": dev.id_pair,
         "driver": dev.driver,
         "iommu_group": dev.iommu_group,
     }
+
+
+def verdict(a: GpuAssessment) -> str:
+    """The GPU's verdict word (:data:`VERDICTS`)."""
+    blockers = a.blockers
+    if blockers:
+        return UNKNOWN_VERDICT if all(f.code == UNKNOWN for f in blockers) else NOT_READY
+    return WARNINGS if any(f.severity == WARNING for f in a.findings) else READY
 
 
 def _members(facts: HostFacts, address: str) -> list[dict[str, Any]]:
@@ -98,7 +139,7 @@ def _members(facts: HostFacts, address: str) -> list[dict[str, Any]]:
     return members
 
 
-def _gpu(facts: HostFacts, address: str) -> dict[str, Any]:
+def _gpu(facts: HostFacts, address: str, judged: GpuAssessment | None) -> dict[str, Any]:
     dev = facts.pci[address]
     members = _members(facts, address)
     # Group evidence that could not be read: the member list may be short (unknown, never "alone").
@@ -109,13 +150,26 @@ def _gpu(facts: HostFacts, address: str) -> dict[str, Any]:
         "numa_node": dev.numa_node,
         "members": members,
         "unknown": unknown,
+        "verdict": verdict(judged) if judged else UNKNOWN_VERDICT,
+        "blockers": [f.message for f in judged.findings if f.severity == BLOCKER] if judged else [],
+        "warnings": [f.message for f in judged.findings if f.severity == WARNING] if judged else [],
     }
 
 
-def build_topology(facts: HostFacts, extra: list[str] | None = None) -> dict[str, Any]:
+def build_topology(
+    facts: HostFacts,
+    extra: list[str] | None = None,
+    *,
+    judged: list[GpuAssessment] | None = None,
+    nvlinks: dict[frozenset[str], int] | None = None,
+    nvlinks_from: str | None = None,
+) -> dict[str, Any]:
     """The topology document: every GPU (and each device in ``extra``) under its NUMA node,
-    root bus and the ports above it."""
+    root bus and the ports above it, with its verdict (``judged``: the assessments to show;
+    by default :func:`gpuprov.rules.assess.assess` of the facts), and the GPUs' link matrix
+    (``nvlinks``: NVLinks per pair of GPUs, known from ``nvlinks_from``)."""
     shown = sorted({a for a, d in facts.pci.items() if is_gpu(d)} | set(extra or ()))
+    by_address = {a.address: a for a in (assess(facts, extra) if judged is None else judged)}
     nodes: dict[int | None, dict[str, dict[str, Any]]] = {}  # node -> root bus -> bus entry
     for address in shown:
         dev = facts.pci[address]
@@ -133,7 +187,7 @@ def build_topology(facts: HostFacts, extra: list[str] | None = None) -> dict[str
                 }
                 level.append(entry)
             level = entry["children"]
-        level.append(_gpu(facts, address))
+        level.append(_gpu(facts, address, by_address.get(address)))
     cpus = {n.node: n.cpulist for n in facts.numa}
     return {
         "schema": SCHEMA,
@@ -148,7 +202,75 @@ def build_topology(facts: HostFacts, extra: list[str] | None = None) -> dict[str
             }
             for node, buses in sorted(nodes.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
         ],
+        "link_matrix": link_matrix(facts, shown, nvlinks, nvlinks_from),
     }
+
+
+def pcie_link(facts: HostFacts, a: str, b: str) -> str:
+    """How the PCIe path between devices ``a`` and ``b`` runs, in nvidia-smi's words: PIX below
+    one switch (their nearest common port has each at most one port further down), PXB below
+    one root port through several switches, PHB through the root complex of one root bus, NODE
+    between root buses of one NUMA node (or nodes not reported), SYS between NUMA nodes."""
+    if a == b:
+        return "X"
+    da, db = facts.pci[a], facts.pci[b]
+    if root_bus(da) != root_bus(db):
+        nodes = (da.numa_node, db.numa_node)
+        return "SYS" if None not in nodes and nodes[0] != nodes[1] else "NODE"
+    pa, pb = path_to(facts, a), path_to(facts, b)
+    common = 0
+    while common < min(len(pa), len(pb)) and pa[common] == pb[common]:
+        common += 1
+    if common == 0:
+        return "PHB"
+    return "PIX" if max(len(pa), len(pb)) - common <= 1 else "PXB"
+
+
+def link_matrix(
+    facts: HostFacts,
+    gpus: list[str],
+    nvlinks: dict[frozenset[str], int] | None = None,
+    nvlinks_from: str | None = None,
+) -> dict[str, Any]:
+    """GPU-to-GPU links as ``nvidia-smi topo -m`` prints them: ``rows[i][j]`` is how GPU ``i``
+    reaches GPU ``j`` (``NV18`` over 18 NVLinks, else the PCIe path: :func:`pcie_link`).
+    NVLinks are not in sysfs: ``nvlinks_from`` says where their counts came from (NVML, a
+    captured ``nvidia-smi topo -m``), ``None`` when they are not known (the PCIe path only)."""
+    links = nvlinks or {}
+
+    def cell(a: str, b: str) -> str:
+        count = links.get(frozenset((a, b)), 0) if a != b else 0
+        return f"NV{count}" if count else pcie_link(facts, a, b)
+
+    return {
+        "gpus": list(gpus),
+        "rows": [[cell(a, b) for b in gpus] for a in gpus],
+        "nvlinks_from": nvlinks_from,
+    }
+
+
+def parse_smi_topo(text: str, addresses: list[str]) -> dict[frozenset[str], int]:
+    """NVLinks per pair of GPUs from ``nvidia-smi topo -m``'s matrix (``NV18``), its GPU ``i``
+    being ``addresses[i]`` (nvidia-smi's index order); other cells are left to the facts."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    header: list[str] | None = None
+    found: dict[frozenset[str], int] = {}
+    for line in plain.splitlines():
+        cells = [c.strip() for c in line.split("\t")]
+        if header is None:
+            if any(re.fullmatch(r"GPU\d+", c) for c in cells):
+                header = [c for c in cells if c]  # the column names, past the rows' labels' empty one
+            continue
+        row = re.fullmatch(r"GPU(\d+)", cells[0]) if cells else None
+        if row is None or int(row.group(1)) >= len(addresses):
+            continue
+        for column, value in zip(header, cells[1:], strict=False):
+            col = re.fullmatch(r"GPU(\d+)", column)
+            count = re.fullmatch(r"NV(\d+)", value)
+            if col and count and int(col.group(1)) < len(addresses) and col.group(1) != row.group(1):
+                pair = frozenset((addresses[int(row.group(1))], addresses[int(col.group(1))]))
+                found[pair] = int(count.group(1))
+    return found
 
 
 def _sorted(entry: dict[str, Any]) -> dict[str, Any]:

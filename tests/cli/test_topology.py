@@ -20,7 +20,7 @@ import pytest
 
 import gpuprov
 from gpuprov.cli.main import main
-from gpuprov.cli.topology_svg import COLUMN_FILL, GPU_FILL, render_html, render_svg
+from gpuprov.cli.topology_svg import COLUMN_FILL, VERDICT_COLOURS, render_html, render_svg
 from gpuprov.facts import names
 from gpuprov.facts.host import gather
 from gpuprov.facts.sysfs import Sysfs
@@ -148,7 +148,7 @@ def test_the_terminal_tree_nests_each_level_under_the_one_above(host_root, capsy
         "root port 0000:00:01.0",
         "switch upstream port 0000:01:00.0",
         "switch downstream port 0000:02:00.0",
-        "GPU 0000:03:00.0 [1234:11e8], driver none, IOMMU group 7",
+        "GPU 0000:03:00.0 [1234:11e8], no driver, IOMMU group 7",
         "port in the group (stays with the host) 0000:02:00.0",
     ]
     rows = [next(i for i, line in enumerate(lines) if w in line) for w in wanted]
@@ -168,23 +168,32 @@ def test_bad_device_and_unwritable_picture_are_bad_input(host_root, capsys, tmp_
 # ---------------------------------------------------------------- a two-node host
 
 
-def two_node_switch_host(root: Path) -> Path:
+def two_node_switch_host(root: Path, *, mixed: bool = False) -> Path:
     """Node 0: root port 00:01.0 -> switch (01:00.0 up; 02:00.0, 02:01.0 down) -> GPUs 03:00.0
-    (+ audio .1) and 04:00.0. Node 1: root ports 80:01.0 and 80:02.0 -> GPUs 81:00.0, 82:00.0."""
+    (+ audio .1) and 04:00.0. Node 1: root ports 80:01.0 and 80:02.0 -> GPUs 81:00.0, 82:00.0.
+    Every GPU ready; ``mixed``: 04:00.0 without a reset (ready, with warnings) and 81:00.0 the
+    boot display (not ready)."""
     fake = FakeHost(root)
     port = {"cls": 0x060400, "vendor": 0x10B5, "device": 0xC010, "driver": "pcieport"}
     fake.pci("0000:00:01.0", group=1, numa_node=0, **port)  # type: ignore[arg-type]
     fake.pci("0000:01:00.0", parent="0000:00:01.0", group=2, numa_node=0, **port)  # type: ignore[arg-type]
     for n, (down, gpu) in enumerate((("0000:02:00.0", "0000:03:00.0"), ("0000:02:01.0", "0000:04:00.0"))):
         fake.pci(down, parent="0000:01:00.0", group=3 + n, numa_node=0, **port)  # type: ignore[arg-type]
-        fake.pci(gpu, cls=0x030200, parent=down, group=10 + n, numa_node=0, driver="nvidia")
+        reset = "" if mixed and n else "flr bus"
+        fake.pci(gpu, cls=0x030200, parent=down, group=10 + n, numa_node=0, driver="nvidia", reset=reset)
     fake.pci(
         "0000:03:00.1", cls=0x040300, parent="0000:02:00.0", group=10, numa_node=0, driver="snd_hda_intel", device=1
     )
     for n in (1, 2):
         fake.pci(f"0000:80:0{n}.0", group=20 + n, numa_node=1, **port)  # type: ignore[arg-type]
         fake.pci(
-            f"0000:8{n}:00.0", cls=0x030200, parent=f"0000:80:0{n}.0", group=30 + n, numa_node=1, driver="vfio-pci"
+            f"0000:8{n}:00.0",
+            cls=0x030200,
+            parent=f"0000:80:0{n}.0",
+            group=30 + n,
+            numa_node=1,
+            driver="vfio-pci",
+            boot_vga=mixed and n == 1,
         )
     add_numa(fake, [("0-15", 64 * GIB_KIB, {}), ("16-31", 64 * GIB_KIB, {})])
     return fake.finish()
@@ -229,6 +238,7 @@ HOSTILE_DRIVER = "<img src=x onerror=alert(2)>"
 
 def hostile_host(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     text = f'# pci.ids\n10de  {HOSTILE_NAME}\n\t2330  GPU "quoted" ]]>\n'
+    monkeypatch.setattr(names.HwdbIds, "load", lambda *a, **k: None)  # the names come from this pci.ids
     monkeypatch.setattr(names.PciIds, "load", lambda *a, **k: names.PciIds(text))
     fake = FakeHost(root)
     fake.pci("0000:00:01.0", cls=0x060400, vendor=0x8086, device=0x2345, driver="pcieport", group=1)
@@ -371,9 +381,17 @@ def regions(width: int, height: int, rows: list[bytes], colour: str, least: int 
 
 
 def test_the_picture_in_a_browser_shows_each_gpu_in_its_node_column(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(names.PciIds, "load", lambda *a, **k: None)  # names as ids: the same width everywhere
-    facts = gather(Sysfs(str(two_node_switch_host(tmp_path / "root"))))
+    monkeypatch.setattr(names.HwdbIds, "load", lambda *a, **k: None)  # names as ids: the same width everywhere
+    monkeypatch.setattr(names.PciIds, "load", lambda *a, **k: None)
+    facts = gather(Sysfs(str(two_node_switch_host(tmp_path / "root", mixed=True))))
     document = build_topology(facts)
+    verdicts = {g["address"]: g["verdict"] for g in gpus_in(document)}
+    assert verdicts == {
+        "0000:03:00.0": "ready",
+        "0000:04:00.0": "ready, with warnings",
+        "0000:81:00.0": "not ready",
+        "0000:82:00.0": "ready",
+    }
     page = tmp_path / "topology.html"
     page.write_text(render_html(document), encoding="utf-8")
     width, height, rows = read_png(screenshot(page, tmp_path / "shot.png", tmp_path / "profile"))
@@ -384,20 +402,55 @@ def test_the_picture_in_a_browser_shows_each_gpu_in_its_node_column(tmp_path, mo
     assert inked > width * height // 50, f"only {inked} non-white pixels: the page looks blank"
 
     # Each GPU box is where the SVG put it (the page's 16 px margin; scaled down when wider than the
-    # window), two in node 0's column on the left, two in node 1's on the right.
+    # window), in its verdict's colour, two in node 0's column on the left, two in node 1's on the right.
     svg = ElementTree.fromstring(render_svg(document, standalone=False))
     scale = min(1.0, (width - 32) / float(svg.get("width", "0")))
-    expected = [
-        screen(r, scale) for g in svg.iter(f"{SVG_NS}g") if g.get("class") == "gpu" for r in g.iter(f"{SVG_NS}rect")
-    ]
     columns = [screen(r, scale) for r in svg.iter(f"{SVG_NS}rect") if r.get("fill") == COLUMN_FILL]
-    boxes = regions(width, height, rows, GPU_FILL)
-    assert len(boxes) == len(expected) == 4, (boxes, expected)
-    for (_, x, y), (ex, ey, _, _) in zip(boxes, sorted(expected), strict=True):
-        assert abs(x - ex) <= 8 and abs(y - ey) <= 8, (boxes, expected)
     assert len(columns) == 2 and columns[0][0] < columns[1][0]
+    split = (columns[0][0] + columns[1][0]) / 2
+
+    def drawn_order(box: tuple[Any, ...]) -> tuple[bool, float]:
+        """Node 0's column first, then node 1's; top to bottom in each."""
+        return box[-5] > split, box[-4]
+
+    expected = sorted(
+        (
+            (*screen(r, scale), r.get("fill"))
+            for g in svg.iter(f"{SVG_NS}g")
+            if g.get("class") == "gpu"
+            for r in g.iter(f"{SVG_NS}rect")
+        ),
+        key=drawn_order,
+    )
+    assert [fill for *_, fill in expected] == [
+        VERDICT_COLOURS[verdicts[a]][0] for a in ("0000:03:00.0", "0000:04:00.0", "0000:81:00.0", "0000:82:00.0")
+    ]
+    boxes = sorted(
+        (
+            (x, y, pixels, 0.0, fill)
+            for fill in {fill for *_, fill in expected}
+            for pixels, x, y in regions(width, height, rows, fill)  # the legend's squares: under 200 pixels
+        ),
+        key=drawn_order,
+    )
+    assert len(boxes) == len(expected) == 4, (boxes, expected)
+    for (x, y, _, _, fill), (ex, ey, hw, _, efill) in zip(boxes, expected, strict=True):
+        # The centre of the coloured pixels: the text on a wide box pulls it off the box's own a little.
+        assert abs(x - ex) <= 8 + hw / 10 and abs(y - ey) <= 8 and fill == efill, (boxes, expected)
     for (cx, _, half_width, _), count in zip(columns, (2, 2), strict=True):
-        assert len([b for b in boxes if abs(b[1] - cx) < half_width]) == count, (columns, boxes)
+        assert len([b for b in boxes if abs(b[0] - cx) < half_width]) == count, (columns, boxes)
+
+    # The legend: a square of each verdict's colour below the columns, the words beside it.
+    bottom = max(c[1] + c[3] for c in columns)
+    for fill, _stroke in VERDICT_COLOURS.values():
+        squares = [r for r in regions(width, height, rows, fill, least=60) if r[0] < 200]
+        assert len(squares) == 1 and squares[0][2] > bottom, (fill, squares, bottom)
+    drawn = " ".join(t.text or "" for t in svg.iter(f"{SVG_NS}text"))
+    for verdict in VERDICT_COLOURS:
+        assert f"GPU {verdict}" in drawn
+    # And the link matrix under it, as nvidia-smi topo -m names the links.
+    assert "GPU0 0000:03:00.0  X     PIX   SYS   SYS" in drawn
+    assert "GPU3 0000:82:00.0  SYS   SYS   PHB   X" in drawn
 
 
 def screen(rect: ElementTree.Element, scale: float) -> tuple[float, float, float, float]:
@@ -407,7 +460,24 @@ def screen(rect: ElementTree.Element, scale: float) -> tuple[float, float, float
 
 
 def test_an_svg_file_opens_in_the_browser_too(tmp_path, host_root) -> None:
+    """The boot display is red (not ready), the other GPU green, each with its legend square."""
     page = tmp_path / "t.svg"
     assert main(["topology", "--root", str(host_root("boot-vga")), "--svg", str(page)]) == 0
     width, height, rows = read_png(screenshot(page, tmp_path / "shot.png", tmp_path / "profile"))
-    assert len(regions(width, height, rows, GPU_FILL)) == 2
+    ready, not_ready = VERDICT_COLOURS["ready"][0], VERDICT_COLOURS["not ready"][0]
+    assert len(regions(width, height, rows, ready)) == 1 and len(regions(width, height, rows, not_ready)) == 1
+    (red,), (green,) = regions(width, height, rows, not_ready), regions(width, height, rows, ready)
+    assert red[2] < green[2]  # 00:02.0 (the boot display) is drawn above 02:00.0
+
+
+def test_a_picture_to_stdout_in_the_browser(tmp_path, host_root, capsys, monkeypatch) -> None:
+    """`--html -` is the page itself on stdout (no file named '-'), and it draws."""
+    monkeypatch.chdir(tmp_path)
+    assert (
+        main(["topology", "--root", str(host_root("gpu-bridge-nic")), "--device", "0000:02:01.0", "--html", "-"]) == 0
+    )
+    page = tmp_path / "t.html"
+    page.write_text(capsys.readouterr().out, encoding="utf-8")
+    assert not (tmp_path / "-").exists()
+    width, height, rows = read_png(screenshot(page, tmp_path / "shot.png", tmp_path / "profile"))
+    assert len(regions(width, height, rows, VERDICT_COLOURS["not ready"][0])) == 1  # its group has the host's NIC
