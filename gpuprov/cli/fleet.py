@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_OK, UsageError
+from .common import EXIT_NOT_READY, EXIT_OK, UsageError
 
 PLAYBOOK = "gpuprov.kvm.fleet_report"
 CALLBACK = "ansible.posix.json"
@@ -209,6 +209,14 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         write_json(document, sys.stdout)
     else:
         print_summary(document)
+    behind = [h for h in document["hosts"] if h["status"] != "converged"]
+    if args.require_converged and behind:
+        from .textsafe import safe_text
+
+        said = ", ".join(f"{safe_text(h['host'])} ({h['status']})" for h in behind[:20])
+        more = f" and {len(behind) - 20} more" if len(behind) > 20 else ""
+        print(f"gpuprov: not converged: {said}{more}", file=sys.stderr)
+        return EXIT_NOT_READY
     return EXIT_OK
 
 
@@ -250,5 +258,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--prom",
         metavar="FILE",
         help="write the hosts' and GPUs' state as Prometheus metrics to FILE (node_exporter's textfile collector)",
+    )
+    p.add_argument(
+        "--require-converged",
+        action="store_true",
+        help="exit 3 unless every host is converged (for monitoring and CI gates); which are not goes to stderr",
     )
     p.set_defaults(func=cmd_fleet)

@@ -251,6 +251,14 @@ def test_the_json_callback_output_is_found_after_other_text() -> None:
         cli_fleet.parse_output("ERROR! the playbook could not be found")
 
 
+def test_require_converged_exits_3_naming_the_hosts(fleet: dict[str, Any]) -> None:
+    inventory = fleet["tmp"] / "inventory.yml"
+    proc = run_fleet(fleet["tmp"], "-i", str(inventory), "-l", "pt-ok,mdev-ok", "--require-converged")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_fleet(fleet["tmp"], "-i", str(inventory), "-l", "pt-ok,pt-moved", "--require-converged")
+    assert proc.returncode == 3 and "gpuprov: not converged: pt-moved (drifted)" in proc.stderr
+
+
 def test_bad_forks_and_a_missing_inventory_are_usage_errors(tmp_path: Path) -> None:
     from gpuprov.cli.main import main
 
