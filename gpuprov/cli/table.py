@@ -224,9 +224,10 @@ def _gpu_lines(gpu: dict[str, Any], skip: list[dict[str, Any]]) -> list[Renderab
     """The GPU's own findings (those said for the host already left out) and its vGPU state."""
     own = [f for f in gpu["findings"] if _finding_key(f) not in {_finding_key(s) for s in skip}]
     title = Text(f"{gpu['address']} {shown_name(gpu)}", "bold")
-    details = [x for x in (gpu["name"] if gpu.get("product_name") else None, gpu.get("class_name")) if x]
-    if details:
-        title.append(f" ({', '.join(details)})")
+    if gpu.get("product_name") and gpu["name"] != f"[{gpu['vendor_device']}]":
+        title.append(f" ({gpu['name']})")  # the hwdb's name beside the driver's: the board (SXM, PCIe)
+    if gpu.get("class_name"):
+        title.append(f", {gpu['class_name']}")
     lines: list[RenderableType] = []
     if gpu.get("declared_as"):
         lines.append(Hanging(Text(f"  declared by {gpu['declared_as']}, use: {gpu['intended_use']}")))

@@ -179,7 +179,7 @@ def test_the_h200_is_named_as_its_driver_and_the_hwdb_name_it(host_root, capsys,
     assert report["host"]["names_from"] == "udev"
     out = run(capsys, "inspect", "--all", "--root", root)
     assert "NVIDIA H200 [10de:2335]" in out and "NVIDIA Corporation [10de:2335]" not in out
-    assert "0000:00:06.0 NVIDIA H200 (NVIDIA Corporation GH100 [H200 SXM 141GB], 3D" in out
+    assert "0000:00:06.0 NVIDIA H200 (NVIDIA Corporation GH100 [H200 SXM 141GB]), 3D" in out
     monkeypatch.setenv("COLUMNS", "2000")  # the device list's row on one line
     out = run(capsys, "inspect", "--all", "--root", root)
     assert "0000:00:06.0  3D controller: NVIDIA H200 (NVIDIA Corporation GH100 [H200 SXM 141GB]) [10de:2335]" in out
