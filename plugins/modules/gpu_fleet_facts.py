@@ -23,7 +23,7 @@ description:
   - A declaration that breaks its schema or does not fit the host does not fail the task; the host is
     C(not ready) and RV(fleet.not_ready) says why. A O(root) that is not a host root fails it.
   - The target needs no gpuprov installed; the logic travels with the module.
-version_added: "0.3.0"
+version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
   host:

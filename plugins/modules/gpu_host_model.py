@@ -23,7 +23,7 @@ description:
     (or named in O(old_variables)), they are refused; plan would read O(host) alone while the roles take
     the old variables; C(gpuprov convert) writes them in the new form.
   - The target needs no gpuprov installed; the logic travels with the module.
-version_added: "0.2.0"
+version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
   host:

@@ -25,7 +25,7 @@ description:
   - With a declaration (C(host) in the options of O(concerns.vfio_bind)), the resolved model is returned as the fact
     C(gpuprov_model), as M(gpuprov.kvm.gpu_host_model) returns it, so no other module resolves it again.
   - The target needs no gpuprov installed; the logic travels with the module.
-version_added: "0.3.0"
+version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
   concerns:

@@ -22,7 +22,7 @@ description:
     Without systemd libvirt is the caller's.
   - Refuses, changing nothing, on a host of an unknown OS family without O(packages), or a package name apt or
     dnf would not take.
-version_added: "0.2.0"
+version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
   packages:

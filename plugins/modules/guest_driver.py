@@ -25,7 +25,7 @@ description:
     CUDA repository - with the running kernel's headers (DKMS), nouveau blacklisted (and the initramfs rebuilt
     when that file changes), then C(modprobe nvidia).
   - Package managers run as commands; check mode needs no python3-apt.
-version_added: "0.2.0"
+version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
   branch:

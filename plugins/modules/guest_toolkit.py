@@ -32,7 +32,7 @@ description:
     lacks (all of them named together),
     Docker from nowhere, a key that does not fetch or has another fingerprint, C(nvidia-ctk) missing, a CDI spec
     owed while the driver is not loaded.
-version_added: "0.2.0"
+version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
   parts:

@@ -27,7 +27,7 @@ description:
   - What is owed comes from the host (the default's arguments, the initramfs's age against its inputs, the
     trial record in C(/var/lib/gpuprov/boot-trial.json) and the boot id), so a run killed anywhere is
     finished by the next one.
-version_added: "0.2.0"
+version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
   passthrough:
