@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 import gpuprov
-from tests.ansible.test_collection import DEPRECATED_PLAYBOOKS
+from tests.ansible.test_collection import DEPRECATED_PLAYBOOKS, MODULES, PLAYBOOKS, ROLES
 from tests.conftest import build_collection_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,8 @@ def releases() -> dict[str, dict]:
 
 
 def test_the_fragments_and_the_changelog_lint() -> None:
-    assert sorted(CHANGELOGS.glob("fragments/*")) == sorted(CHANGELOGS.glob("fragments/*.yml")), "fragments are .yml"
+    fragments = [p for p in CHANGELOGS.glob("fragments/*") if p.name != ".keep"]  # .keep: git keeps the folder
+    assert sorted(fragments) == sorted(CHANGELOGS.glob("fragments/*.yml")), "fragments are .yml"
     antsibull("lint")
     antsibull("lint-changelog-yaml", "changelogs/changelog.yaml")
 
@@ -67,3 +68,22 @@ def test_each_deprecated_playbook_name_is_in_the_changelog() -> None:
     ]
     for old, new in DEPRECATED_PLAYBOOKS.items():
         assert [s for s in said if f"{old}.yml" in s and f"gpuprov.kvm.{new}" in s], (old, said)
+
+
+def test_every_module_plugin_role_and_playbook_is_in_a_release() -> None:
+    """antsibull-changelog lists a module or plugin in the release its version_added names, a role
+    or playbook from an ``add object.*`` fragment. Until the version is released, as its release
+    would list them (antsibull-changelog release, in a copy of the assembled collection)."""
+    data = releases()
+    if gpuprov.__version__ not in data:
+        out = build_collection_tool().changelog(["release"])["changelogs/changelog.yaml"]
+        data = yaml.safe_load(out)["releases"]
+    listed = set()
+    for release in data.values():
+        listed |= {f"module {m['name']}" for m in release.get("modules", [])}
+        for group in ("plugins", "objects"):
+            listed |= {f"{t} {p['name']}" for t, items in release.get(group, {}).items() for p in items}
+    lookups = sorted(p.stem for p in (REPO / "plugins" / "lookup").glob("*.py"))
+    expected = {f"module {m}" for m in MODULES} | {f"lookup {p}" for p in lookups} | {f"role {r}" for r in ROLES}
+    expected |= {f"playbook {p}" for p in PLAYBOOKS if p not in DEPRECATED_PLAYBOOKS}
+    assert expected <= listed, sorted(expected - listed)
