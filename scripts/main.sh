@@ -4,7 +4,7 @@
 #   2. `python -m dev.lab up` (the lab: dev/lab/, run from this checkout, not in
 #      the wheel): install what the lab needs where it is missing (QEMU, OVMF, debootstrap, mtools...), build the lab image (cached: once per set
 #      of inputs) and boot the lab host (QEMU TCG, no KVM needed);
-#   3. ansible-playbook -i inventories/lab playbooks/gpu-passthrough.yml: IOMMU on
+#   3. ansible-playbook -i inventories/lab playbooks/gpu_passthrough.yml: IOMMU on
 #      (the lab host reboots through its own GRUB), edus to vfio-pci, an mtty
 #      mdev, and a nested guest that lists both on its serial console.
 # The lab host stays up afterwards: `python -m dev.lab ssh`, `python -m dev.lab down`.
@@ -27,6 +27,6 @@ extra=$(python -m dev.lab status --json | python3 -c 'import json, sys; print(js
 # The roles and modules run as the collection gpuprov.kvm, assembled from this checkout
 # into build/collections (ansible.cfg's collections_path; skipped when nothing changed).
 python dev/tools/build_collection.py
-echo "=== main.sh: ansible-playbook -i inventories/lab playbooks/gpu-passthrough.yml"
-ansible-playbook -i inventories/lab playbooks/gpu-passthrough.yml -e "$extra" "$@"
+echo "=== main.sh: ansible-playbook -i inventories/lab playbooks/gpu_passthrough.yml"
+ansible-playbook -i inventories/lab playbooks/gpu_passthrough.yml -e "$extra" "$@"
 echo "main.sh: done; the lab host is still up (python -m dev.lab ssh, python -m dev.lab down)"

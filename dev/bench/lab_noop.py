@@ -4,7 +4,7 @@ nothing to do, on the same host, in one run.
 Against a lab host already up (``python -m dev.lab up``; ``python -m dev.lab status --json``
 says where, and the ``-e`` overrides its inventory needs), with ``inventories/lab``:
 
-1. ``playbooks/gpu-passthrough.yml`` once, unmeasured, to converge the lab (skipped with
+1. ``playbooks/gpu_passthrough.yml`` once, unmeasured, to converge the lab (skipped with
    ``--converged``);
 2. a facts-only play (``gather_facts`` on ``gpu_hosts``, no task), timed ``--facts-runs`` times,
    and the playbook with nothing to do, timed ``--noop-runs`` times, alternating (facts, no-op,
@@ -45,7 +45,7 @@ sys.path.insert(0, str(BENCH))
 import fleet  # noqa: E402  (dev/bench/fleet.py: its plays, parsers and arithmetic, one copy)
 
 INVENTORY = REPO / "inventories" / "lab"
-PLAYBOOK = REPO / "playbooks" / "gpu-passthrough.yml"
+PLAYBOOK = REPO / "playbooks" / "gpu_passthrough.yml"
 # become as the playbook's plays: the same connection and privilege escalation.
 FACTS_PLAY = [{"name": "facts only", "hosts": "gpu_hosts", "become": True, "gather_facts": True, "tasks": []}]
 # The recap's skipped counter (dev/bench/fleet.py's RECAP_RE reads ok/changed/unreachable/failed).
@@ -121,7 +121,7 @@ def report(facts: Timed, noop: Timed, noop_skipped: int, fleet_points: list[flee
         "facts-only play (gather_facts): "
         + ", ".join(f"{s:.2f}" for s in facts.seconds)
         + f" s; median {facts.median:.2f} s",
-        "no-op gpu-passthrough.yml: " + ", ".join(f"{s:.2f}" for s in noop.seconds) + f" s; median {noop.median:.2f} s",
+        "no-op gpu_passthrough.yml: " + ", ".join(f"{s:.2f}" for s in noop.seconds) + f" s; median {noop.median:.2f} s",
         f"ratio no-op / facts-only: {ratio(noop.median, facts.median):.2f} (median over median; goal <= 2.00)"
         f"; best over best {ratio(min(noop.seconds), min(facts.seconds)):.2f}",
         f"no-op recap: ok={noop.last.recap['ok']} changed={noop.last.recap['changed']} skipped={noop_skipped}",
@@ -219,7 +219,7 @@ def fleet_run(hosts: int, forks: int, work: Path, env: dict[str, str]) -> list[f
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="facts-only play vs the no-op gpu-passthrough.yml on the lab host")
+    p = argparse.ArgumentParser(description="facts-only play vs the no-op gpu_passthrough.yml on the lab host")
     p.add_argument("--facts-runs", type=int, default=3, help="timed facts-only runs (default 3)")
     p.add_argument("--noop-runs", type=int, default=1, help="timed no-op runs (default 1)")
     p.add_argument("--converged", action="store_true", help="the lab is converged already: no unmeasured run")
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"machine: {os.cpu_count()} cores, load average {load:.2f} (1 min, at the end); {fleet._ansible_version(env)}"
     )
-    print(f"lab: inventories/lab, playbooks/gpu-passthrough.yml{'; -e ' + json.dumps(extra) if extra else ''}")
+    print(f"lab: inventories/lab, playbooks/gpu_passthrough.yml{'; -e ' + json.dumps(extra) if extra else ''}")
     print(report(facts, noop, noop_skipped, points))
     return 0
 

@@ -1,4 +1,4 @@
-"""Role host_model resolves the declaration once per run: each play of gpu-passthrough.yml pulls
+"""Role host_model resolves the declaration once per run: each play of gpu_passthrough.yml pulls
 it in (a dependency of vfio_host, vgpu_host and gpu_vms), and later plays reuse gpuprov_model
 without another module run; another root is resolved again (issue #14)."""
 
