@@ -1,4 +1,4 @@
-"""What every planner module reports: "would ..." in check mode, and --diff entries for every
+"""What every planner module reports (gpuprov.modules.common): "would ..." in check mode, and --diff entries for every
 action, runtime ones (sysfs writes, commands, libvirt ops) included (gpuprov.modules.common.finish)."""
 
 from __future__ import annotations
