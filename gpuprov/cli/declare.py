@@ -45,10 +45,16 @@ def _suggested_use(facts: Any, address: str, assessment: Any) -> tuple[str, str]
 
 def init_document(facts: Any, root: str) -> str:
     """A starting declaration: every GPU, by address with its id guard, a suggested use with its reason."""
+    from ..inputs.declaration import VERSION
     from ..rules.assess import assess
     from .textsafe import safe_text
 
-    lines = [HEADER.format(command="init", source=f" from {safe_text(root)}"), "gpuprov_host:", "  gpus:"]
+    lines = [
+        HEADER.format(command="init", source=f" from {safe_text(root)}"),
+        "gpuprov_host:",
+        f"  version: {VERSION}",
+        "  gpus:",
+    ]
     gpus = assess(facts)
     if not gpus:
         lines[-1] = "  gpus: []  # this host shows no GPU"

@@ -3,10 +3,11 @@
 :func:`convert` turns a host_vars file with ``gpuprov_gpus``, ``gpu_vms_list``,
 ``gpu_vms_defaults``, ``gpu_vms_reserved_*``/``gpu_vms_mixed_vgpu_types`` and
 ``vfio_host_devices`` into one ``gpuprov_host`` that resolves (:func:`gpuprov.model.resolve.resolve`)
-to the same VMs, vfio list and vGPU layout; other variables are kept as they are. Each GPU gets
-a name from its address (``gpu-41-00-0``); each VM names what it had by address: a whole GPU
-by its entry, an mdev or VF by its instance (added to its GPU's entry when the layout lacked it).
-What cannot be carried over faithfully is refused (:class:`ConvertError`), never guessed.
+to the same VMs, vfio list and vGPU layout, with the declaration's ``version``; other variables
+are kept as they are. Each GPU gets a name from its address (``gpu-41-00-0``); each VM names what
+it had by address: a whole GPU by its entry, an mdev or VF by its instance (added to its GPU's
+entry when the layout lacked it). What cannot be carried over faithfully is refused
+(:class:`ConvertError`), never guessed: the new form meets the declaration's schema.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..core.plan import Plan
 from ..facts.host import HostFacts
 from ..facts.pci import PciAddressError, normalize_address
 from ..inputs.boundary import validate_host_vars
+from ..inputs.declaration import VERSION, check
 from ..inputs.validate import shown
 from ..inputs.vgpu_request import parse_gpus
 from . import formats
@@ -112,7 +114,7 @@ def convert(doc: Any, facts: HostFacts, *, use: str = "mdev") -> tuple[dict[str,
         for i, raw in enumerate(given):
             gpus.add(_address(raw, f"vfio_host_devices[{i}]"), "passthrough")
     vms = [_vm(vm, i, gpus, facts) for i, vm in enumerate(_list(doc.get("gpu_vms_list"), "gpu_vms_list"))]
-    host: dict[str, Any] = {"gpus": list(gpus.entries.values())}
+    host: dict[str, Any] = {"version": VERSION, "gpus": list(gpus.entries.values())}
     if vms:
         host["vms"] = vms
     if doc.get("gpu_vms_defaults"):
@@ -120,6 +122,13 @@ def convert(doc: Any, facts: HostFacts, *, use: str = "mdev") -> tuple[dict[str,
     for old, new in SETTINGS.items():
         if old in doc:
             host[new] = doc[old]
+    problems = check({"gpuprov_host": host}, "(the new form)").items
+    if problems:
+        # The old rules took it, the declaration's schema does not (its free text is printable
+        # ASCII, its defaults are VM keys but gpus): said, never written half-right.
+        lines = [r.message + (f" (fix: {r.fix})" if r.fix else "") for r in problems]
+        head = f"{len(lines)} value(s) the new form does not take; nothing was converted:"
+        raise ConvertError("\n  ".join([head, *lines]))
     out = {k: v for k, v in doc.items() if k not in CONVERTED}
     return {"gpuprov_host": host, **out}, notes
 

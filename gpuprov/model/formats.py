@@ -22,7 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.plan import Refusal
-from ..inputs.declaration import LAYOUT_PATTERN
+from ..inputs.declaration import (
+    FORMAT_VERSION,
+    LAYOUT_NAME,
+    MAX_KEYS_OF_ENTRY,
+    MAX_LAYOUTS,
+    MAX_PROFILES,
+    MIG_PROFILE_ATTR,
+    VGPU_MIG_BACKED,
+    VGPU_TIME_SLICED,
+    VGPU_USES,
+)
 from ..inputs.validate import (
     MAX_GPUS,
     MAX_INSTANCES,
@@ -37,19 +47,17 @@ from ..inputs.validate import (
     text,
 )
 
-FORMAT_VERSION = "v1"  # the only version either tool defines
-MAX_CONFIGS = 1024  # named configs in one file
+# FORMAT_VERSION: the only version either tool defines. The patterns and limits are the
+# declaration schema's (gpuprov.inputs.declaration), which describes these files too.
+MAX_CONFIGS = MAX_LAYOUTS  # named configs in one file
 # GPU entries made from one file: index lists multiply (1,024 configs x 1,024 indices would
 # be a million entries from a document Ansible parsed without gpuprov's YAML bounds).
 MAX_ENTRIES = 65536
-VGPU_USES = ("mdev", "sriov_vgpu")
-
-MAX_ENTRY_KEYS = 64  # keys of one mapping with known keys: the unknown ones are named, so bounded first
-MAX_PROFILES = 64  # profiles or vGPU types named for one GPU (a GPU offers a few dozen)
+MAX_ENTRY_KEYS = MAX_KEYS_OF_ENTRY  # keys of one mapping with known keys: the unknown ones are named, so bounded first
 # A layout's name as mig-parted and vgpu-device-manager write theirs ("all-1g.10gb", "A100-4C").
 # Entry names are made here from "mig"/"host"/"vgpu" and the selector ("mig-0", "vgpu-all"):
 # they meet the host model's rule for a GPU's name, ^[a-z][a-z0-9_-]{0,31}$.
-LAYOUT_NAME_RE = re.compile(LAYOUT_PATTERN.strip("^$"))  # the host model's rule for a layout's name
+LAYOUT_NAME_RE = re.compile(LAYOUT_NAME)  # the host model's rule for a layout's name
 
 # A device-filter is what NVML reports as the PCI device id: "0x" + device + vendor
 # (mig-parted's types.NewDeviceIDFromString), "0x20B010DE" is 10de:20b0.
@@ -58,13 +66,11 @@ NVIDIA_VENDOR = "10de"
 # A MIG profile as nvidia-smi names GPU instance profiles ("1g.10gb", "1g.10gb+me",
 # "1g.24gb+me.all", "1g.24gb-me"); mig-parted also takes "Cc.Gg.Mgb" (a compute instance
 # of C slices in a GPU instance of G), which gpuprov takes only when C == G.
-_MIG_PROFILE_RE = re.compile(
-    r"(?:(?P<c>[1-8])c\.)?(?P<g>[1-8])g\.(?P<gb>[0-9]{1,4})gb(?P<attr>[+-][a-z][a-z0-9]*(?:[.,][a-z][a-z0-9]*)*)?"
-)
+_MIG_PROFILE_RE = re.compile(rf"(?:(?P<c>[1-8])c\.)?(?P<g>[1-8])g\.(?P<gb>[0-9]{{1,4}})gb(?P<attr>{MIG_PROFILE_ATTR})?")
 # vgpu-device-manager's type names (pkg/types/vgpu_type.go): time-sliced "A100-4C",
 # "A100D-80C", "M60-0Q"; MIG-backed "A100-1-5C", "A100-1-5CME". The same GPU never takes both.
-_VGPU_TIME_SLICED_RE = re.compile(r"[A-Z0-9]+(?:-[a-zA-Z]+)*-(?:0|[1-9][0-9]{0,3})[ABCQ]")
-_VGPU_MIG_BACKED_RE = re.compile(r"[A-Z0-9]+-[1-9]-(?:0|[1-9][0-9]{0,3})[ABCQ](?:ME|NOME|MEALL|GFX)?")
+_VGPU_TIME_SLICED_RE = re.compile(VGPU_TIME_SLICED)
+_VGPU_MIG_BACKED_RE = re.compile(VGPU_MIG_BACKED)
 
 _MIG_ENTRY_KEYS = ("devices", "device-filter", "mig-enabled", "mig-devices")
 _VGPU_ENTRY_KEYS = ("devices", "device-filter", "vgpu-devices")

@@ -16,9 +16,13 @@ declaration it derives everything the stages need (docs/reference/host-model.md)
 The old variables (``gpuprov_gpus``, ``gpu_vms_list``, ``vfio_host_devices``) are read by
 :func:`gpuprov.model.legacy.from_legacy` into the same model, with a deprecation warning.
 
-``problems`` are input errors (the file breaks the schema or the field rules: ``gpuprov plan``
-exits 2); ``refusals`` are the declaration against this host (exit 3). Pure; standard library
-only (ships to targets with the modules).
+``problems`` are input errors (``gpuprov plan`` exits 2): a version this gpuprov does not read
+(the one problem told), the schema (:func:`gpuprov.inputs.declaration.check`: every rule of one
+value), then what a schema cannot say (docs/reference/host-model.md, "What the schema cannot
+say"): a name used twice, a layout not declared, a layout file's entries together, a VM's values
+merged with vm_defaults; ``refusals`` are the declaration against this host (exit 3). A
+declaration without a version is read as version 1, with a warning. Pure; standard library only
+(ships to targets with the modules).
 """
 
 from __future__ import annotations
@@ -29,25 +33,14 @@ from ..core.plan import Refusal
 from ..core.vm_spec import HostSettings
 from ..facts.host import HostFacts
 from ..facts.pci import PciAddressError, normalize_address
-from ..inputs.declaration import ROOT, check
+from ..inputs.declaration import NO_VERSION, OLD_FORM, ROOT, VGPU_USES, check, check_version, has_version
 from ..inputs.validate import shown
 from ..plan.vgpu.mdev import mdev_uuids
 from ..plan.vgpu.sriov import resolve_vgpu_type, vgpu_type_names
 from .host_model import DeclaredGpu, HostModel, Instance
 
 NVIDIA = 0x10DE
-VGPU_USES = ("mdev", "sriov_vgpu")
 HOST_SETTINGS = ("reserved_memory_mib", "reserved_cpus", "mixed_vgpu_types")
-# The old variables (and the gpu_vms settings gpuprov_host replaces): none may stand beside gpuprov_host.
-OLD_FORM = (
-    "gpuprov_gpus",
-    "gpu_vms_list",
-    "vfio_host_devices",
-    "gpu_vms_defaults",
-    "gpu_vms_reserved_memory_mib",
-    "gpu_vms_reserved_cpus",
-    "gpu_vms_mixed_vgpu_types",
-)
 
 
 def is_declaration(doc: Any) -> bool:
@@ -61,7 +54,13 @@ def resolve(doc: Any, facts: HostFacts, *, cpu_limit: int | None = None) -> Host
 
         return from_legacy(doc, facts, cpu_limit=cpu_limit)
     model = HostModel()
-    old = [k for k in OLD_FORM if k in doc]
+    version = check_version(doc)
+    if version:  # a form this gpuprov does not read: nothing else is checked against it
+        model.problems.extend(version.items)
+        return model
+    if not has_version(doc):
+        model.warnings.append(NO_VERSION)
+    old = [k for k in OLD_FORM if k in doc]  # the schema's rule too, told here naming them all at once
     if old:
         # plan would read gpuprov_host alone while the roles take the old variables (an inventory's
         # gpu_vms_list beats the role's default, the model's VMs): one host, two answers. Refused,
@@ -75,8 +74,10 @@ def resolve(doc: Any, facts: HostFacts, *, cpu_limit: int | None = None) -> Host
             )
         )  # and the declaration checked all the same: every problem of the file at once
     doc = {k: v for k, v in doc.items() if k in ("gpuprov_host", "gpuprov_layouts")}
-    doc = _convert_layouts(doc, model)
-    model.problems.extend(check(doc, ROOT).items)
+    model.problems.extend(check(doc, ROOT).items)  # the schema says every rule of one value
+    if model.problems:
+        return model
+    doc = _convert_layouts(doc, model)  # and what it cannot say follows, as the file is resolved
     if model.problems:
         return model
     host = doc["gpuprov_host"] or {}
@@ -146,26 +147,7 @@ def _entries(host: dict[str, Any], layouts: dict[str, Any], model: HostModel) ->
             model.problems.append(Refusal(f"{where}: the name is used twice", "give each GPU entry its own name"))
         own.add(entry["name"])
         out[entry["name"]] = (where, entry)
-    for where, entry in out.values():
-        _entry_shape(where, entry, model)
     return list(out.values())
-
-
-def _entry_shape(where: str, entry: dict[str, Any], model: HostModel) -> None:
-    if ("address" in entry) == ("select" in entry):
-        model.problems.append(
-            Refusal(f"{where}: give exactly one of address and select", 'address: "0000:41:00.0", or select: all')
-        )
-    use = entry["use"]
-    if "instances" in entry and use not in VGPU_USES:
-        model.problems.append(Refusal(f"{where}: instances is for use: mdev or sriov_vgpu, not {use}", None))
-    if "mig" in entry and use != "mig":
-        model.problems.append(Refusal(f"{where}: mig is for use: mig, not {use}", None))
-    address = entry.get("address")
-    if isinstance(address, str) and ":" not in address and use != "mdev":
-        model.problems.append(
-            Refusal(f"{where}: address {address!r} is not a PCI address", "only use: mdev takes a parent's name")
-        )
 
 
 def _nvidia_gpus(facts: HostFacts) -> list[str]:

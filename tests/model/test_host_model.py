@@ -58,7 +58,7 @@ def facts(host: Path) -> HostFacts:
 
 
 def declaration(gpus: list[dict[str, Any]], vms: list[dict[str, Any]] | None = None, **host: Any) -> dict[str, Any]:
-    return {"gpuprov_host": {"gpus": gpus, "vms": vms or [], "reserved_cpus": "", **host}}
+    return {"gpuprov_host": {"version": 1, "gpus": gpus, "vms": vms or [], "reserved_cpus": "", **host}}
 
 
 WHOLE = [
