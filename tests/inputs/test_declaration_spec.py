@@ -12,6 +12,7 @@ docs/reference/host-model.md lists it. The declaration's version: 1, or refused 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from pathlib import Path
@@ -413,6 +414,7 @@ CROSS_DOCS = {
 }
 
 
+@functools.cache
 def hostile() -> dict[str, Any]:
     docs = {
         name: put(base(), path, value) if isinstance(path, str) else base() | {path: value}
@@ -501,6 +503,7 @@ def test_convert_refuses_what_the_new_form_does_not_take(facts, capsys, tmp_path
 # ---------------------------------------------------------------- every example
 
 
+@functools.cache
 def examples() -> dict[str, Any]:
     found: dict[str, Any] = {}
     for page in [
