@@ -251,8 +251,9 @@ class Sysfs:
             head, _sep, name = rel.rpartition("/")
             if name in _SPECIAL:
                 return None  # a directory
-            dir_fd = self._fds.get(head)
+            dir_fd = self._fds.pop(head, None)
             if dir_fd is not None:
+                self._fds[head] = dir_fd  # kept as the newest: a directory of links stays open
                 return os.readlink(name, dir_fd=dir_fd)
             root = self._root()
             if head and root >= 0 and self._open_in_root is not None:
@@ -441,8 +442,9 @@ class Sysfs:
     def _dir(self, rel: str) -> tuple[int, str] | None:
         """(descriptor, key) of the directory ``rel``, every link in it followed inside the root;
         None when it is missing, not a directory, or loops. The key names it in the caches."""
-        fd = self._fds.get(rel)
+        fd = self._fds.pop(rel, None)
         if fd is not None:
+            self._fds[rel] = fd  # kept as the newest (the oldest is closed first)
             return fd, rel
         root = self._root()
         if root < 0:
@@ -484,7 +486,8 @@ class Sysfs:
     def _open_real(self, real: str) -> int | None:
         """Descriptor of a real directory (as :meth:`_real_dir` gives), opened from its nearest
         open ancestor one component at a time with ``O_NOFOLLOW``: a link swapped in since the
-        walk is refused, not followed. Each directory opened is kept."""
+        walk is refused, not followed. Each directory opened is kept, and the ancestor used is
+        kept as if just opened (the oldest is closed first, so shared parents stay open)."""
         parts = real.split("/")
         if len(parts) > _MAX_DEPTH:
             return None
@@ -493,8 +496,9 @@ class Sysfs:
         start = len(parts)
         while start > 0:
             start -= 1
-            fd = self._fds.get(keys[start], -1)
-            if fd >= 0:
+            fd = self._fds.pop(keys[start], -1)
+            if fd >= 0:  # kept again as the newest: a bridge's directory outlives its devices'
+                self._fds[keys[start]] = fd
                 start += 1
                 break
         if fd < 0:
