@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -30,6 +31,86 @@ settings.load_profile("gpuprov")
 
 # CI fails on a skip that the test command could have avoided (its allowlist is there).
 pytest_plugins = ["tests.skip_policy"]
+
+
+# scripts/test.sh runs the unit tests a second time under Debian 12's own /usr/bin/python3 (the
+# README's platform; CI's python3 is pyenv's 3.11.7, Debian's is 3.11.2), all but the `slow` ones
+# and these files (marked `interpreter_independent`). What differs between the two builds of
+# CPython 3.11 is the standard library's patch level (tarfile's extraction filters came in
+# 3.11.4, with fixes to tarfile, zipfile, ipaddress and urllib after it), the C libraries each
+# links (expat for XML, libffi for ctypes, zlib/xz), the bytecode and import machinery, and what
+# runs on a target: Ansible's module runtime on Debian's python3 with its dist-packages. So the
+# second pass keeps the readers (facts: openat2 through ctypes, tar and .deb members, XML), the
+# input boundary (inputs), the CLI on capture tarballs (cli), verify's parsers and the domain XML
+# (ElementTree over expat), the modules run for real on a bare Python made from this one and
+# ansible-core on it (modules, ansible), every in-process module test (tests/modrun.py) wherever
+# it lives, the bytecode cache and the lab's own code. It drops what is a pure function of its
+# inputs, which no interpreter of the same version answers differently: the planners' and
+# verdicts' rules over parsed facts, the kernel arguments as shells source them, text parsers of
+# pci.ids and MIG profiles, the bench's arithmetic, and the house's checks of docs, layers and the
+# wheel. A file listed here that is not there stops the run: keep the list with the files.
+INTERPRETER_INDEPENDENT = frozenset(
+    {
+        "facts/test_pci_names.py",
+        "facts/test_vgpu_mig.py",
+        "house/test_docs_examples.py",
+        "house/test_docs_links.py",
+        "house/test_docs_reference.py",
+        "house/test_layers.py",
+        "house/test_skip_policy.py",
+        "house/test_wheel.py",
+        "inputs/test_console_checks.py",
+        "model/test_model_formats.py",
+        "plan/test_cmdline.py",
+        "plan/test_guest_toolkit_hostile.py",
+        "plan/test_vfio_plan.py",
+        "plan/test_vgpu_plan.py",
+        "plan/test_vm_plan.py",
+        "rules/test_assess.py",
+        "verify/test_verify_bench.py",
+        "verify/test_verify_multigpu.py",
+    }
+)
+
+
+# pytest imports readline as it starts (_pytest/capture.py), and GNU readline puts COLUMNS=80 and
+# LINES=24 into the process's C environment (not os.environ). A pytest-xdist worker (scripts/test.sh
+# runs two) starts from that environment and so finds them in its os.environ, where the CLI's tables
+# read COLUMNS: they would be 80 wide there and 160 (cli/table.py's PIPE_WIDTH) in a run without
+# workers. Each worker takes the controller's os.environ values back (none in CI); its C environment
+# keeps readline's, as a run without workers does (subprocesses started without env= inherit it).
+TERMINAL_SIZE = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist's controller, per worker: its own terminal size variables (above)."""
+    node.workerinput["gpuprov_terminal_size"] = {name: os.environ.get(name) for name in TERMINAL_SIZE}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a pytest-xdist worker: the controller's terminal size variables (above)."""
+    given = getattr(config, "workerinput", {}).get("gpuprov_terminal_size")
+    for name, value in (given or {}).items():
+        inherited = os.environ.get(name)
+        if value is not None:
+            os.environ[name] = value
+        elif inherited is not None:
+            del os.environ[name]
+            os.putenv(name, inherited)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks ``interpreter_independent`` (above)."""
+    tests = Path(__file__).parent
+    missing = sorted(name for name in INTERPRETER_INDEPENDENT if not (tests / name).is_file())
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py INTERPRETER_INDEPENDENT names files that are not there: {missing}")
+    for item in items:
+        with contextlib.suppress(ValueError):
+            if item.path.relative_to(tests).as_posix() in INTERPRETER_INDEPENDENT:
+                item.add_marker(pytest.mark.interpreter_independent)
+
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 REPO = Path(__file__).resolve().parents[1]
