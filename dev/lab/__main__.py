@@ -1,4 +1,4 @@
-"""``python -m dev.lab up|down|ssh|status`` from the checkout (scripts/main.sh, molecule/lab)."""
+"""``python -m dev.lab up|down|ssh|status|image`` from the checkout (scripts/main.sh, molecule/lab)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 from . import debpkg, image
 from .boot import down, up
-from .common import BOOT_TIMEOUT, DEFAULT_PORT, PORT_ENV, LabError, default_port, lab_dir
+from .common import BOOT_TIMEOUT, DEFAULT_PORT, PORT_ENV, RUN_TOOLS, LabError, default_port, ensure_tools, lab_dir
 from .status import ssh, status
 
 
@@ -20,6 +20,11 @@ def cmd_lab(args: argparse.Namespace) -> int:
             return down(lab, args.force, args.timeout)
         if args.lab_command == "status":
             return status(lab, args.json)
+        if args.lab_command == "image":
+            ensure_tools(RUN_TOOLS)
+            for loader in args.loader or [image.DEFAULT_LOADER]:
+                print(image.ensure_image(lab, args.rebuild, loader))
+            return 0
         return ssh(lab, args.cmd)
     except LabError as exc:
         print(f"dev.lab: error: {exc}", file=sys.stderr)
@@ -37,7 +42,9 @@ def parser() -> argparse.ArgumentParser:
         "QEMU edu devices standing in for GPUs, booting through OVMF and its own GRUB. State and images under "
         "${GPUPROV_CACHE:-~/.cache/gpuprov}/lab/. inventories/lab targets it.",
     )
-    lab_sub = p.add_subparsers(dest="lab_command", metavar="ACTION", required=True, help="up, down, ssh or status")
+    lab_sub = p.add_subparsers(
+        dest="lab_command", metavar="ACTION", required=True, help="up, down, ssh, status or image"
+    )
     q = lab_sub.add_parser("up", help="build the image if needed, boot the lab host, wait for SSH")
     q.add_argument(
         "--port",
@@ -60,6 +67,17 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--timeout", type=float, default=120, help="seconds to wait for a clean poweroff")
     q = lab_sub.add_parser("ssh", help="run a command on the lab host as root (a shell without one)")
     q.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
+    q = lab_sub.add_parser(
+        "image",
+        help="install the lab's tools and build its image if it is not cached (no boot); print its folder",
+    )
+    q.add_argument(
+        "--loader",
+        action="append",
+        choices=image.LOADERS,
+        help=f"the image of this boot loader (default {image.DEFAULT_LOADER}; give it twice for both)",
+    )
+    q.add_argument("--rebuild", action="store_true", help="rebuild the image even if it is cached")
     q = lab_sub.add_parser("status", help="whether it runs, its SSH port, the image's cache key")
     q.add_argument("--json", action="store_true", help="as JSON")
     return p

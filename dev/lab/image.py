@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import lzma
@@ -658,7 +659,32 @@ def image_loader(image: Path) -> str | None:
         return None
 
 
+@contextmanager
+def build_lock(lab: Path) -> Iterator[None]:
+    """One image build at a time per cache dir (builds share build.tmp, the .deb cache and mtty):
+    scripts/test.sh builds the systemd-boot image while molecule/lab runs, and molecule/lab_boot's
+    `up --loader systemd-boot` then waits for that build instead of starting its own."""
+    try:
+        lab.mkdir(parents=True, exist_ok=True)
+        lock = open(lab / "build.lock", "a")  # held for the with block below
+    except PermissionError:  # another user's cache dir: nothing can be built in it anyway
+        yield
+        return
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("another image build runs in this cache dir: waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_image(lab: Path, rebuild: bool = False, loader: str = DEFAULT_LOADER) -> Path:
+    with build_lock(lab):
+        return _ensure_image(lab, rebuild, loader)
+
+
+def _ensure_image(lab: Path, rebuild: bool, loader: str) -> Path:
     try:
         key, pkgs, kver, pubkey = image_key(lab, loader)
     except debpkg.CommandError:
