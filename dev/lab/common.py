@@ -84,10 +84,12 @@ def ensure_tools(tools: dict[str, str]) -> None:
         raise LabError(f"missing tools: apt-get install {' '.join(missing)} (as root)")
     say(f"installing {' '.join(missing)}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    r = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env, check=False)
+    # Another apt beside it (scripts/test.sh's other lane, a developer's): wait for dpkg's lock.
+    install = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-q", "--no-install-recommends"]
+    r = subprocess.run([*install, *missing], env=env, check=False)
     if r.returncode:
         subprocess.run(["apt-get", "update", "-q"], env=env, check=False)
-        debpkg.sh(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env)
+        debpkg.sh([*install, *missing], env=env)
 
 
 def ensure_key(lab: Path) -> Path:
