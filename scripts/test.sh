@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # Every test: installs what the tests need, then lint and the whole test suite:
-#   ruff (check + format); the Docker engine and the local test image
-#   (scripts/dockerd.sh, scripts/molecule-image.sh, cached under
-#   ${GPUPROV_CACHE:-$HOME/.cache/gpuprov}), started before pytest so that no test
-#   skips for want of them; pytest in .venv (python3 on PATH); the unit tests
-#   again (all but the `slow` ones) under Debian 12's own /usr/bin/python3, in
-#   .venv-system; yamllint, ansible-lint (production profile), and the molecule
-#   scenarios under molecule/ (docker driver).
+#   ruff (check + format); the collection built and ansible-test sanity on it; the Docker
+#   engine and the local test images (scripts/dockerd.sh, scripts/molecule-image.sh, cached
+#   under ${GPUPROV_CACHE:-$HOME/.cache/gpuprov}), started before pytest so that no test
+#   skips for want of them; pytest in .venv (python3 on PATH) on two workers (pytest-xdist,
+#   a file's tests on one); the unit tests that can differ between interpreters again under
+#   Debian 12's own /usr/bin/python3, in .venv-system (tests/conftest.py says which and why);
+#   yamllint, ansible-lint (production profile), and the molecule scenarios under molecule/.
+#
+# Two lanes share the machine (CI's 2 cores; docs/development/timings.md has the figures):
+#   - the lab lane: the scenarios on the emulated lab host (molecule/lab, molecule/lab_boot:
+#     QEMU TCG, python -m dev.lab), the longest chain, much of it boots and watchdog waits.
+#     It starts as soon as the Debian packages and the Docker engine are in, in the
+#     background; its output goes to a log, printed when the rest is done;
+#   - everything else, beside it, at nice 10: it takes the CPU the emulated host leaves, so
+#     the lab host's boots, whose watchdogs count real seconds, are not slowed by it.
 # With CI=true a skipped test fails pytest unless tests/skip_policy.py allows its reason.
 # Every step runs even when an earlier one failed; a summary closes the run and
 # the exit status is non-zero when any step failed.
@@ -49,10 +57,12 @@ run_pytest() {
   return $rc
 }
 
-# The Docker engine and a local image for the real-engine test in pytest (molecule
-# uses them too): scripts/dockerd.sh fails loudly when no engine can be had.
-docker_engine() {
-  scripts/dockerd.sh && scripts/molecule-image.sh >/dev/null
+# The Docker engine (scripts/dockerd.sh fails loudly when no engine can be had) and the local
+# images for the real-engine test in pytest and the molecule scenarios. The engine comes before
+# the lab lane starts (installing docker.io takes apt's lock, which the lab's tools may need)
+# and at nice 10, which its containers inherit.
+docker_images() {
+  scripts/molecule-image.sh >/dev/null
 }
 
 python_version() {
@@ -62,22 +72,45 @@ if [[ $(python_version python) != 3.11.* ]]; then
   echo "test.sh: NOTE: python3 here is $(python_version python); CI runs 3.11 (pyproject's requires-python)" >&2
 fi
 
-run_molecule() {
-  scripts/dockerd.sh || return 1
-  scripts/molecule-image.sh >/dev/null || return 1
-  local scenario rc=0 start
+# The scenarios on the emulated lab host (default driver, python -m dev.lab): the lab lane's.
+# The others run in Docker containers, one after another, in the foreground.
+LAB_SCENARIOS=(lab lab_boot)
+
+# molecule_test SCENARIO ROWS: one scenario; its summary row is appended to the file ROWS.
+molecule_test() {
+  local scenario=$1 rows=$2 start=$SECONDS status=ok
+  echo "=== test.sh: molecule test -s $scenario"
+  molecule test --no-command-borders -s "$scenario" </dev/null || status=FAIL
+  printf '  molecule %-23s %-6s %4ss\n' "$scenario" $status $((SECONDS - start)) >>"$rows"
+  [[ $status == ok ]]
+}
+
+run_molecule_docker() {
+  local scenario rc=0
   for scenario in molecule/*/molecule.yml; do
     scenario=$(basename "$(dirname "$scenario")")
-    # molecule/lab boots the emulated lab host (QEMU TCG; python -m dev.lab): 8-10 min
-    # with its image cached, a minute more when the image is (re)built, as root.
-    start=$SECONDS
-    if molecule test --no-command-borders -s "$scenario"; then
-      molecule_rows+=("$(printf '  molecule %-23s %-6s %4ss' "$scenario" ok $((SECONDS - start)))")
-    else
-      molecule_rows+=("$(printf '  molecule %-23s %-6s %4ss' "$scenario" FAIL $((SECONDS - start)))")
-      rc=1
-    fi
+    [[ " ${LAB_SCENARIOS[*]} " == *" $scenario "* ]] && continue
+    molecule_test "$scenario" "$logs/docker.rows" || rc=1
   done
+  return $rc
+}
+
+# The lab lane (above). molecule/lab and molecule/lab_boot boot the GRUB image (built when its
+# inputs changed); molecule/lab_boot also boots the systemd-boot image, which is built at nice 10
+# while molecule/lab runs (its `up --loader systemd-boot` finds it cached, or waits for the
+# build: dev/lab's build lock).
+lab_lane() {
+  local rc=0 start=$SECONDS sdboot
+  echo "=== test.sh (lab lane): python -m dev.lab image"
+  python -m dev.lab image || rc=1
+  nice -n 10 python -m dev.lab image --loader systemd-boot >"$logs/lab-image-systemd-boot.log" 2>&1 &
+  sdboot=$!
+  molecule_test lab "$logs/lab.rows" || rc=1
+  echo "=== test.sh (lab lane): python -m dev.lab image --loader systemd-boot (built beside molecule/lab)"
+  wait $sdboot || echo "test.sh (lab lane): that build failed; molecule/lab_boot builds it again" >&2
+  cat "$logs/lab-image-systemd-boot.log"
+  molecule_test lab_boot "$logs/lab.rows" || rc=1
+  echo $((SECONDS - start)) >"$logs/lab.seconds"
   return $rc
 }
 
@@ -104,23 +137,66 @@ collection_sanity() {
 }
 
 total=$SECONDS
+logs=$(mktemp -d -t gpuprov-test.XXXXXX)
+molecule=yes
+if [[ ${GPUPROV_SKIP_MOLECULE:-} == 1 ]]; then
+  molecule=no
+  if [[ ${CI:-} == true ]]; then
+    echo "test.sh: GPUPROV_SKIP_MOLECULE=1 is not allowed in CI: the molecule scenarios must run" >&2
+    results+=("$(printf '%-32s %-6s' molecule FAIL) (GPUPROV_SKIP_MOLECULE=1 in CI)")
+    failed=1
+  else
+    cat >&2 <<'EOF'
+######################################################################
+##  test.sh: MOLECULE SKIPPED (GPUPROV_SKIP_MOLECULE=1).            ##
+##  The roles were NOT tested; CI runs them. Unset it to run them.  ##
+######################################################################
+EOF
+    results+=("$(printf '%-32s %-6s' molecule SKIPPED) (GPUPROV_SKIP_MOLECULE=1)")
+  fi
+fi
+
 step "ruff check" ruff check .
 step "ruff format" ruff format --check .
 step "collection build" collection_build
+step "docker engine" nice -n 10 scripts/dockerd.sh
+
+# The lab lane, in a process group of its own: stopped with all it started if this script stops.
+lab_pid=
+stop_lab_lane() {
+  if [[ -n $lab_pid ]]; then
+    kill -- -"$lab_pid" 2>/dev/null || true
+    python -m dev.lab down --force >/dev/null 2>&1 || true
+  fi
+}
+trap stop_lab_lane EXIT
+if [[ $molecule == yes ]]; then
+  set -m
+  lab_lane </dev/null >"$logs/lab.log" 2>&1 &
+  lab_pid=$!
+  set +m
+  echo "=== test.sh: the lab lane (molecule ${LAB_SCENARIOS[*]}) runs in the background: $logs/lab.log"
+  renice -n 10 -p $$ >/dev/null # this shell and all it starts from here on
+fi
+
 step "ansible-test sanity" collection_sanity
-step "docker engine + image" docker_engine
-step "pytest (python3 $(python_version python))" run_pytest python "$@"
-# Again under Debian 12's own python3, the README's platform (PATH's python3 may be
-# another build: pyenv's on the CI machine), all but the `slow` tests (real libvirt and
-# Docker: services, not the interpreter, are what they test). Its venv has the test
-# and ansible extras: the in-process module tests (tests/modrun.py) import ansible-core
-# under this Python; the module tests through `ansible` drive .venv's (on PATH) with a
-# target interpreter made from this Python.
+step "docker images" docker_images
+step "pytest (python3 $(python_version python))" run_pytest python -n 2 --dist loadfile "$@"
+# Again under Debian 12's own python3, the README's platform (PATH's python3 may be another
+# build: pyenv's on the CI machine): the tests of what can differ between two builds of
+# CPython 3.11 (tests/conftest.py, INTERPRETER_INDEPENDENT: the standard library's patch level,
+# the C libraries, the module runtime on a target), not the `slow` ones (real libvirt and Docker:
+# services, not the interpreter, are what they test). The properties (hypothesis) run 15
+# examples each here, 60 in the first pass: the breadth of input is the first pass's and the
+# same on any interpreter; this pass checks the same code paths under another one. Its venv has
+# the test and ansible extras: the in-process module tests (tests/modrun.py) import ansible-core
+# under this Python; the module tests through `ansible` drive its ansible with a target
+# interpreter made from this Python.
 system_python=/usr/bin/python3
 if [[ -x $system_python ]]; then
   step "venv ($system_python)" env PYTHON=$system_python VENV=.venv-system scripts/bootstrap.sh test,ansible
-  step "pytest ($system_python $(python_version $system_python))" \
-    run_pytest .venv-system/bin/python -m "not slow" "$@"
+  GPUPROV_HYPOTHESIS_EXAMPLES=15 step "pytest ($system_python $(python_version $system_python))" \
+    run_pytest .venv-system/bin/python -n 2 --dist loadfile -m "not slow and not interpreter_independent" "$@"
 elif [[ ${CI:-} == true ]]; then
   echo "test.sh: no $system_python (Debian's own python3): CI must run the unit tests under it" >&2
   results+=("$(printf '%-32s %-6s' "pytest ($system_python)" FAIL) (no $system_python)")
@@ -136,22 +212,19 @@ EOF
 fi
 step "yamllint" yamllint --strict .
 step "ansible-lint" ansible-lint
-if [[ ${GPUPROV_SKIP_MOLECULE:-} == 1 ]]; then
-  if [[ ${CI:-} == true ]]; then
-    echo "test.sh: GPUPROV_SKIP_MOLECULE=1 is not allowed in CI: the molecule scenarios must run" >&2
-    results+=("$(printf '%-32s %-6s' molecule FAIL) (GPUPROV_SKIP_MOLECULE=1 in CI)")
-    failed=1
-  else
-    cat >&2 <<'EOF'
-######################################################################
-##  test.sh: MOLECULE SKIPPED (GPUPROV_SKIP_MOLECULE=1).            ##
-##  The roles were NOT tested; CI runs them. Unset it to run them.  ##
-######################################################################
-EOF
-    results+=("$(printf '%-32s %-6s' molecule SKIPPED) (GPUPROV_SKIP_MOLECULE=1)")
-  fi
-else
-  step "molecule" run_molecule
+if [[ $molecule == yes ]]; then
+  step "molecule (Docker)" run_molecule_docker
+  echo "=== test.sh: the lab lane's output ($logs/lab.log), to its end"
+  tail -n +1 -f --pid="$lab_pid" "$logs/lab.log" || true
+  lab_rc=0
+  wait "$lab_pid" || lab_rc=$?
+  lab_pid=
+  results+=("$(printf '%-32s %-6s %4ss' "molecule (lab lane)" "$([[ $lab_rc -eq 0 ]] && echo ok || echo FAIL)" \
+    "$(cat "$logs/lab.seconds" 2>/dev/null || echo '?')")")
+  [[ $lab_rc -eq 0 ]] || failed=1
+  for rows in "$logs/docker.rows" "$logs/lab.rows"; do
+    [[ -f $rows ]] && mapfile -t -O ${#molecule_rows[@]} molecule_rows <"$rows"
+  done
 fi
 
 echo
