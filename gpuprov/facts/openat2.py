@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import platform
 from collections.abc import Callable
 
 RESOLVE_NO_MAGICLINKS = 0x02
@@ -58,7 +57,7 @@ def opener() -> Opener | None:
 
 
 def _load() -> Opener | None:
-    if os.environ.get("GPUPROV_NO_OPENAT2") or platform.machine().lower() not in _MACHINES:
+    if os.environ.get("GPUPROV_NO_OPENAT2") or os.uname().machine.lower() not in _MACHINES:
         return None
     try:
         import ctypes
