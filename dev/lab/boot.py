@@ -270,6 +270,52 @@ def power_cycle(lab: Path, pid: int) -> int | None:
     return qemu_pid(lab)
 
 
+def hmp(lab: Path, *command_lines: str) -> str:
+    """QEMU's human monitor commands (``info registers -a``...) through QMP, their output; "" when
+    QEMU does not answer."""
+    out = []
+    with suppress(OSError, ValueError), socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(run_dir(lab) / "qmp.sock"))
+        f = s.makefile("rw")
+        f.readline()
+        for cmd, args in [
+            ("qmp_capabilities", None),
+            *(("human-monitor-command", {"command-line": c}) for c in command_lines),
+        ]:
+            f.write(json.dumps({"execute": cmd, **({"arguments": args} if args else {})}) + "\n")
+            f.flush()
+            while True:
+                msg = json.loads(f.readline() or "{}")
+                if "return" in msg or "error" in msg or not msg:
+                    break
+            if args:
+                out.append(f"### {args['command-line']}\n{msg.get('return', msg)}")
+    return "\n".join(out)
+
+
+# What QEMU shows of a stuck machine, kept before the lab's watchdog resets or power-cycles it:
+# where each vCPU is (RIP, mode, interrupt flag), whether it is halted, the interrupt controllers'
+# and the IOMMU's state. A hang's evidence, in run/stuck-N.txt (named in run/watchdog.log).
+STUCK_DUMP = (
+    "info cpus",
+    "info registers -a",
+    "info pic",
+    "info irq",
+    "info pci",
+)
+
+
+def keep_stuck_state(lab: Path, why: str) -> str:
+    """Write STUCK_DUMP's output and the console's tail to run/stuck-N.txt; its name."""
+    run = run_dir(lab)
+    n = 1 + len(list(run.glob("stuck-*.txt")))
+    path = run / f"stuck-{n}.txt"
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    path.write_text(f"{stamp} {why}\n\n{hmp(lab, *STUCK_DUMP)}\n\n### console tail\n{console_tail(lab)}\n")
+    return path.name
+
+
 def qmp(lab: Path, *commands: str) -> None:
     """Send QMP commands (after the capabilities handshake); errors are ignored."""
     with suppress(OSError, ValueError), socket.socket(socket.AF_UNIX) as s:
@@ -390,7 +436,11 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
         elif firmware >= 0:
             reset_at = None
         if reset_at is not None and time.monotonic() - reset_at > FIRMWARE_LIMIT:
-            note(f"{POWER_CYCLE} no firmware output {FIRMWARE_LIMIT} s after a reset: power cycle (QEMU restarted)")
+            dump = keep_stuck_state(lab, "no firmware output after a reset")
+            note(
+                f"{POWER_CYCLE} no firmware output {FIRMWARE_LIMIT} s after a reset: power cycle (QEMU restarted;"
+                f" its state before: run/{dump})"
+            )
             new = power_cycle(lab, pid)
             if new is None:
                 note(f"{POWER_CYCLE} QEMU did not start again: giving up")
@@ -411,7 +461,11 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
             if tries > WATCHDOG_TRIES:
                 note(f"{RESET_BY_LAB} boot stuck again after {WATCHDOG_TRIES} resets: giving up")
                 return
-            note(f"{RESET_BY_LAB} no login prompt {limit:.0f} s after the boot started: system_reset")
+            dump = keep_stuck_state(lab, "no login prompt")
+            note(
+                f"{RESET_BY_LAB} no login prompt {limit:.0f} s after the boot started: system_reset"
+                f" (its state before: run/{dump})"
+            )
             qmp(lab, "system_reset")
             started = reset_at = time.monotonic()
 
