@@ -13,14 +13,15 @@ every path is resolved inside it, as if it were ``/`` (a link to ``/etc/passwd``
 opened, never a FIFO or a device. The live root is the kernel's own sysfs and procfs: the
 kernel resolves its paths, and only the few files outside them are checked.
 
-How an untrusted root is read: a directory is opened once (its descriptor kept, a few dozen
-at most) and what is below it is opened relative to it, one name at a time with
-``O_NOFOLLOW``, after its type is known (from the directory's listing, else ``fstatat``): a
-final link is read and followed here, by name. The directory itself is resolved by the kernel
-with openat2's ``RESOLVE_IN_ROOT`` (:mod:`gpuprov.facts.openat2`); where the kernel lacks it
-(before 5.6, or a seccomp filter refuses it), by a walk in Python, every link read and followed
-inside the root, the directory then opened one component at a time with ``O_NOFOLLOW``. Both
-give the same answers.
+How an untrusted root is read: a directory is opened once (the MAX_OPEN_DIRS used last stay
+open) and what is in it is opened relative to it, one name at a time with ``O_NOFOLLOW``,
+after its type is known (from the directory's listing, else ``fstatat``): a final link is read
+and followed here, by name. The directory itself is resolved by the kernel with openat2's
+``RESOLVE_IN_ROOT`` (:mod:`gpuprov.facts.openat2`), as is a link read in a directory not open
+(``O_PATH | O_NOFOLLOW``, then ``readlinkat``); where the kernel lacks openat2 (before 5.6, or a
+seccomp filter refuses it, or ``GPUPROV_NO_OPENAT2`` is set), by a walk in Python, every link
+read and followed inside the root, the directory then opened one component at a time with
+``O_NOFOLLOW``. Both give the same answers (tests/facts/test_sysfs_openat2.py).
 """
 
 from __future__ import annotations
