@@ -47,7 +47,7 @@ KERN_LOGS = ("var/log/kern.log", "var/log/messages")
 
 
 def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | bool) else None
+    return int(value) if isinstance(value, (int, bool)) else None
 
 
 def _count(pages: Any) -> int | None:
@@ -90,12 +90,12 @@ def _nvml_gpu(ask: Any, h: Any) -> dict[str, Any]:
     reasons = ask("nvmlDeviceGetCurrentClocksEventReasons", h)
     if reasons is None:
         reasons = ask("nvmlDeviceGetCurrentClocksThrottleReasons", h)
-    rows_ok = isinstance(rows, list | tuple) and len(rows) == 4
+    rows_ok = isinstance(rows, (list, tuple)) and len(rows) == 4
     return {
         "nvlinks": _nvlinks(ask, h),
         "bar1_total_bytes": _int(getattr(bar1, "bar1Total", None)),
         "ecc": {
-            "mode_current": _int(ecc_mode[0]) if isinstance(ecc_mode, list | tuple) and ecc_mode else None,
+            "mode_current": _int(ecc_mode[0]) if isinstance(ecc_mode, (list, tuple)) and ecc_mode else None,
             "volatile_corrected": _int(ask("nvmlDeviceGetTotalEccErrors", h, ECC_CORRECTED, ECC_VOLATILE)),
             "volatile_uncorrected": _int(ask("nvmlDeviceGetTotalEccErrors", h, ECC_UNCORRECTED, ECC_VOLATILE)),
             "aggregate_corrected": _int(ask("nvmlDeviceGetTotalEccErrors", h, ECC_CORRECTED, ECC_AGGREGATE)),

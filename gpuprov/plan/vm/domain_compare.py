@@ -137,8 +137,8 @@ def _project(desired: ET.Element, live: ET.Element) -> ET.Element:
     for tag in tags:
         wanted = [c for c in desired if c.tag == tag]
         have = [c for c in live if c.tag == tag]
-        matched = _match(wanted, have)
-        for d, lv in zip(wanted, matched, strict=True):
+        matched = _match(wanted, have)  # one per wanted (_match)
+        for d, lv in zip(wanted, matched):
             if lv is not None:
                 out.append(_project(d, lv))
         if tag in counted:
