@@ -251,6 +251,15 @@ def _open_archive(path: str) -> tuple[BinaryIO, BinaryIO]:
     return raw, gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw
 
 
+def _next_member(tar: tarfile.TarFile) -> tarfile.TarInfo | None:
+    """``tar.next()``, and None after an archive whose first block ended it (an end marker only):
+    there Python 3.9 and 3.10 seek back to re-read that block, which a stream cannot (StreamError,
+    "seeking backwards is not allowed"); 3.11 returns None, as here."""
+    if tar.offset == 0 and tar.fileobj is not None and tar.fileobj.tell() != 0:
+        return None
+    return tar.next()
+
+
 def unpack(tarball: str, dest: str) -> int:
     """Unpack the capture ``tarball`` into the empty directory ``dest``; returns the member count.
 
@@ -274,7 +283,7 @@ def _unpack(tarball: str, dest: str) -> int:
         tar = tarfile.open(  # type: ignore[call-overload]
             fileobj=counted, mode="r|", tarinfo=_CheckedInfo, encoding="utf-8", errors="surrogateescape"
         )
-        while (info := tar.next()) is not None:
+        while (info := _next_member(tar)) is not None:
             tar.members.clear()  # stream mode keeps every TarInfo otherwise
             count += 1
             if count > MAX_MEMBERS:
