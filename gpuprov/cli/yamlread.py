@@ -11,7 +11,10 @@ plan``'s host_vars file; Ansible parses YAML for the modules). The limits
 - at most :data:`MAX_NODES` nodes *after* aliases are expanded: anchors and
   aliases (``<<: *defaults``) are fine, an alias bomb (a few hundred bytes that
   expand to billions of nodes) is refused while it is being read. A recursive
-  alias is refused too.
+  alias is refused too;
+- integers of at most :data:`MAX_INT_DIGITS` digits, refused before ``int()`` sees them:
+  Python's own limit (3.11, and late 3.9/3.10 releases) is not in Debian 11's 3.9.2 or early
+  3.10s, where a 1 MiB integer would take ``int()`` minutes (quadratic).
 
 CLI side only: PyYAML is not in the standard library.
 """
@@ -27,6 +30,7 @@ from ..facts.files import NotRegular, TooLarge, read_regular
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 32
 MAX_NODES = 250_000
+MAX_INT_DIGITS = 4300  # Python's default int_max_str_digits
 
 
 class YamlInputError(ValueError):
@@ -74,6 +78,18 @@ class _BoundedLoader(yaml.SafeLoader):
         if event.anchor is not None:
             self._anchor_sizes[event.anchor] = self._nodes - before
         return node
+
+    def construct_yaml_int(self, node: Any) -> int:
+        digits = sum(c.isalnum() for c in str(node.value))
+        if digits > MAX_INT_DIGITS:
+            raise yaml.YAMLError(
+                f"an integer of {digits} digits ({_where(node.start_mark)}): more than {MAX_INT_DIGITS}, "
+                "far past any value a host has"
+            )
+        return int(super().construct_yaml_int(node))
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
 def read_yaml(path: str) -> Any:
