@@ -12,9 +12,9 @@ plan``'s host_vars file; Ansible parses YAML for the modules). The limits
   aliases (``<<: *defaults``) are fine, an alias bomb (a few hundred bytes that
   expand to billions of nodes) is refused while it is being read. A recursive
   alias is refused too;
-- integers of at most :data:`MAX_INT_DIGITS` digits, refused before ``int()`` sees them:
-  Python's own limit (3.11, and late 3.9/3.10 releases) is not in Debian 11's 3.9.2 or early
-  3.10s, where a 1 MiB integer would take ``int()`` minutes (quadratic).
+- integers of at most :data:`MAX_INT_DIGITS` digits, refused before ``int()`` sees them, the
+  same on every Python: Python's own limit (3.11, late 3.9 and 3.10 releases) is not in Debian
+  11's 3.9.2 or early 3.10s, where ``int()`` of a 1 MiB integer takes seconds (quadratic).
 
 CLI side only: PyYAML is not in the standard library.
 """
