@@ -38,7 +38,8 @@ def ansible_playbook() -> str:
     found = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) or shutil.which("ansible-playbook")
     if found is None:
         raise UsageError(
-            "ansible-playbook is not installed: pip install 'gpuprov[ansible]' (ansible-core and ansible.posix)"
+            "ansible-playbook is not installed: put Ansible (ansible-core and ansible.posix) beside gpuprov or on "
+            "the PATH: pipx inject --include-apps gpuprov ansible, or pip install ansible in gpuprov's venv"
         )
     return found
 

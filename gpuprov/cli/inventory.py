@@ -78,8 +78,8 @@ def host_variables(
         from ansible.vars.manager import VariableManager
     except ImportError:
         raise UsageError(
-            "reading an inventory needs ansible-core in gpuprov's environment: install it beside gpuprov "
-            "(pip install 'gpuprov[ansible]', or pipx inject gpuprov ansible-core), or give the host_vars file"
+            "reading an inventory needs ansible-core in gpuprov's environment: install it beside gpuprov (pipx "
+            "inject gpuprov ansible-core, or pip install ansible-core in gpuprov's venv), or give the host_vars file"
         ) from None
     try:
         loader = DataLoader()
