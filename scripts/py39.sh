@@ -174,7 +174,8 @@ copy_checkout() {
 # of DIR, in mount and PID namespaces of its own (everything below goes when SCRIPT ends): /proc,
 # /sys (ro), /dev, a tmpfs at /tmp, the checkout copied into a tmpfs at /src/main, ../shared at
 # /src/shared (ro). MODE "test": DIR itself read-only, HOST_DATA over bullseye's; "build": DIR
-# writable, pip's cache at /pipcache. The environment inside: VARs, CI, proxies, a few of pip's.
+# writable, pip's cache at /pipcache. The environment inside: VARs, CI, GPUPROV_* (such as
+# GPUPROV_HYPOTHESIS_EXAMPLES), proxies, a few of pip's.
 in_chroot() {
   local dir=$1 mode=$2 script=$3 shared="" name
   shift 3
@@ -182,7 +183,8 @@ in_chroot() {
   local -a env=(PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
     HOME=/tmp/home LANG=C.UTF-8 TMPDIR=/tmp PYTHONDONTWRITEBYTECODE=1 "CI=${CI:-}")
   for name in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY PIP_INDEX_URL \
-    PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_DEFAULT_TIMEOUT NO_COLOR PY_COLORS; do
+    PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_DEFAULT_TIMEOUT NO_COLOR PY_COLORS \
+    $(compgen -e | grep '^GPUPROV_' | grep -v '^GPUPROV_CACHE$' || true); do
     [[ -z ${!name:-} ]] || env+=("$name=${!name}")
   done
   while (($#)) && [[ $1 != -- ]]; do
