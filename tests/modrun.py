@@ -14,6 +14,7 @@ import json
 import pkgutil
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,28 @@ def _alias_gpuprov() -> None:
     parent.gpuprov = gpuprov
 
 
+@contextlib.contextmanager
+def _as_a_target() -> Iterator[None]:
+    """The module runs as on a target, whatever ran before in this process: an earlier test that
+    loaded Ansible's controller (an inventory read, ansible-doc) makes ``warn()`` print to the
+    controller's display instead of returning warnings with the result, and warnings left by an
+    earlier module would come back with this one's."""
+    from ansible.module_utils.common import warnings
+
+    try:  # ansible-core 2.19 on; before it (3.9's 2.15) a module never took the controller's path
+        from ansible.module_utils import _internal
+    except ImportError:
+        _internal = types.SimpleNamespace(is_controller=False)
+    controller = _internal.is_controller
+    _internal.is_controller = False
+    warnings._global_warnings.clear()  # a dict from 2.19, a list before: both clear()
+    warnings._global_deprecations.clear()
+    try:
+        yield
+    finally:
+        _internal.is_controller = controller
+
+
 def run_in_process(module: str, args: dict[str, Any], *, check: bool = False) -> dict[str, Any]:
     """The module's result (``failed`` always set), as ``ansible -m module -a args`` would give it."""
     from ansible.module_utils.testing import patch_module_args
@@ -62,7 +85,7 @@ def run_in_process(module: str, args: dict[str, Any], *, check: bool = False) ->
     spec.loader.exec_module(code)
     out = io.StringIO()
     params = {**args, "_ansible_check_mode": check, "_ansible_diff": True}
-    with patch_module_args(params), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+    with _as_a_target(), patch_module_args(params), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
         code.main()
     result = json.loads(out.getvalue())
     result.setdefault("failed", False)
