@@ -233,8 +233,8 @@ def product_names(sysfs: Sysfs, addresses: Iterable[str]) -> dict[str, str]:
         if address not in wanted:
             continue
         for line in sysfs.read_lines(f"{NVIDIA_GPUS}/{entry}/information"):
-            key, _, value = line.partition(":")
-            if key.strip() == "Model" and value.strip():
+            key, colon, value = line.partition(":")
+            if colon and key.strip() == "Model" and value.strip():
                 found[address] = value.strip()
                 break
     if not sysfs.live and wanted - set(found):

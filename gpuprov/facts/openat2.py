@@ -88,7 +88,7 @@ def _load() -> Opener | None:
             struct = OpenHow(flags, 0, resolve)
             how = hows[flags] = (struct, ctypes.addressof(struct))
         err = 0
-        for _ in range(_RETRIES):
+        for _attempt in range(_RETRIES):
             fd = call(number, dirfd, raw, how[1], size)
             if fd >= 0:
                 return fd

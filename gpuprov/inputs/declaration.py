@@ -382,7 +382,6 @@ _VM_FIELDS: dict[str, Any] = {
         "description": "true: all the VM's GPUs are one NVLink clique (lists of addresses: gpu_vm's vm only)",
     },
 }
-assert set(_VM_FIELDS) == set(VM_KEYS) - {"mdevs", "vfs"}, "the declaration's VM keys are core.vm_spec's"
 _DEFAULTS_KEYS = [k for k in VM_KEYS if k in _VM_FIELDS and k not in ("name", "gpus")]
 
 

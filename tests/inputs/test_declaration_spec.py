@@ -762,3 +762,9 @@ def test_a_mutated_document_gets_one_verdict_from_all_three(facts, doc) -> None:
         assert beyond_the_schema(found) == [], doc
     else:
         assert found, doc
+
+
+def test_the_declarations_vm_fields_are_core_vm_specs_keys() -> None:
+    """One list of a VM's keys (core/vm_spec): the declaration describes each, less the slices
+    (mdevs, vfs) it places from gpus itself."""
+    assert set(decl._VM_FIELDS) == set(decl.VM_KEYS) - {"mdevs", "vfs"}
