@@ -16,8 +16,9 @@ from ..facts.libvirt import bindings, leases
 from ..plan.vm.plan import AUTOSTART, DEFINE, DESTROY, SHUTDOWN, START, START_NETWORK, UNDEFINE, VmPlan
 
 
-def _shutdown(dom: Any, timeout: float, libvirt: Any) -> str:
-    """ACPI shutdown, waiting ``timeout`` seconds; then power off. Returns how it stopped."""
+def _shutdown(dom: Any, timeout: float, libvirt: Any, force: bool = True) -> str:
+    """ACPI shutdown, waiting ``timeout`` seconds; then power off (``force``), or not. Returns how it
+    stopped, or "still running" (not ``force``)."""
     try:
         dom.shutdown()
     except libvirt.libvirtError:
@@ -28,9 +29,41 @@ def _shutdown(dom: Any, timeout: float, libvirt: Any) -> str:
             return "shut down"
         time.sleep(1)
     if dom.isActive():
+        if not force:
+            return "still running"
         dom.destroy()
         return f"did not shut down in {timeout:.0f}s: powered off"
     return "shut down"
+
+
+def drain(conn: Any, domains: list[tuple[str, str]], forced: list[str], timeout: float) -> tuple[list[str], list[str]]:
+    """Shut down ``domains`` ((name, UUID) each, looked up by UUID), all asked at once, each given up to
+    ``timeout`` seconds; those named in ``forced`` are then powered off, the rest left running. Returns
+    what was done, as text, and the names of those still running."""
+    libvirt = bindings()
+    doms = [(name, conn.lookupByUUIDString(uuid)) for name, uuid in domains]
+    for _name, dom in doms:
+        try:
+            dom.shutdown()  # all at once: the wait is the slowest guest's, not their sum
+        except libvirt.libvirtError:
+            pass
+    done, left = [], []
+    for name, dom in doms:
+        how = _shutdown(dom, timeout, libvirt, force=name in forced)
+        if how == "still running":
+            left.append(name)
+        else:
+            done.append(f"shut down domain {name}: {how}")
+    return done, left
+
+
+def start(conn: Any, domains: list[tuple[str, str]]) -> list[str]:
+    """Start the shut-off ``domains`` ((name, UUID) each, looked up by UUID); returns what was done."""
+    done = []
+    for name, uuid in domains:
+        conn.lookupByUUIDString(uuid).create()
+        done.append(f"start domain {name}")
+    return done
 
 
 def execute(conn: Any, plan: VmPlan, shutdown_timeout: float = 180) -> list[str]:

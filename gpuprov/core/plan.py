@@ -53,6 +53,9 @@ class Refusal:
     message: str
     fix: str | None = None
     device: str | None = None
+    # "in-use" (gpuprov.facts.evidence.IN_USE): refused only because something holds ``device``, which
+    # a running VM may (a drain frees it: docs/guides/rolling.md).
+    code: str | None = None
 
     def describe(self) -> str:
         return self.message + (f"; fix: {self.fix}" if self.fix else "")

@@ -23,6 +23,10 @@ DEFAULT_USER = "gpuadmin"
 ROM_DIR = "/var/lib/libvirt/roms"  # where a GPU's ROM file must be on the host
 # QEMU's x-nv-gpudirect-clique is 4 bits wide (hw/vfio/pci-quirks.c).
 MAX_CLIQUE = 15
+# What a drain (docs/guides/rolling.md) may do to a running VM whose host must reboot or rebind its
+# GPUs: shut it down (ACPI, waiting; the drain fails if it does not stop), shut it down and power it
+# off after the wait, or leave it alone (the drain then refuses the host, naming the VM).
+DRAINS = ("shutdown", "force", "keep")
 
 VM_KEYS = (
     "name",
@@ -48,6 +52,7 @@ VM_KEYS = (
     "boot",
     "autostart",
     "nvlink_clique",
+    "drain",
 )
 
 
@@ -118,6 +123,7 @@ class VmSpec:
     cloud_init: CloudInitSpec | None = None
     boot: BootSpec | None = None
     autostart: bool = False
+    drain: str = "shutdown"  # one of DRAINS
     nvlink_cliques: list[list[str]] = field(default_factory=list)  # GPU addresses joined by NVLink, per clique
 
     @property

@@ -13,7 +13,7 @@ from .sysfs import Sysfs
 RUNNING_DOMAINS = "run/libvirt/qemu"
 
 
-def _parse_devices(xml: str) -> list[str] | None:
+def parse_devices(xml: str) -> list[str] | None:
     """mdev UUIDs and PCI addresses a domain's XML assigns; None when it is not XML."""
     out: list[str] = []
     try:
@@ -37,7 +37,7 @@ def _parse_devices(xml: str) -> list[str] | None:
 
 def domain_devices(xml: str) -> list[str]:
     """mdev UUIDs and PCI addresses (``0000:41:00.0``) a domain's XML assigns."""
-    return _parse_devices(xml) or []
+    return parse_devices(xml) or []
 
 
 def read_running(sysfs: Sysfs, missing: MissingEvidence | None = None) -> dict[str, str]:
@@ -53,7 +53,7 @@ def read_running(sysfs: Sysfs, missing: MissingEvidence | None = None) -> dict[s
         if name.endswith(".xml"):
             rel = f"{RUNNING_DOMAINS}/{name}"
             text = sysfs.read(rel)
-            devices = None if text is None else _parse_devices(text)
+            devices = None if text is None else parse_devices(text)
             if devices is None:
                 note(missing, sysfs, "running libvirt domains", rel, None if text is None else "not XML", rule=IN_USE)
                 continue

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .domains import domain_devices
+from .domains import domain_devices, parse_devices
 
 LIBVIRT_MISSING = (
     "the libvirt Python bindings are not installed for {python}: install python3-libvirt "
@@ -111,3 +111,47 @@ def leases(conn: Any, network: str | None, mac: str) -> list[tuple[str, int]]:
         if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 and (lease.get("mac") or "").lower() == mac.lower()
     ]
     return sorted(out, key=lambda lease: lease[1], reverse=True)
+
+
+# virDomainState, as the drain names them (docs/guides/rolling.md); any other number is "unknown".
+DOMAIN_STATES = {
+    0: "nostate",
+    1: "running",
+    2: "blocked",
+    3: "paused",
+    4: "shutdown",
+    5: "shutoff",
+    6: "crashed",
+    7: "pmsuspended",
+}
+
+
+@dataclass
+class DomainState:
+    """One domain as the drain sees it: its state and what it holds now."""
+
+    name: str
+    uuid: str
+    state: str  # a name of DOMAIN_STATES, or "unknown" (it could not be read)
+    devices: list[str] | None  # PCI addresses and mdev UUIDs of its running definition; None: unreadable
+
+
+def read_domains(conn: Any) -> list[DomainState]:
+    """Every domain libvirt at ``conn`` knows, with its state and, unless shut off, the devices its
+    running definition holds. A state or definition that cannot be read stays unknown (None), never
+    empty: the drain refuses on it (fail closed)."""
+    libvirt = bindings()
+    out = []
+    for dom in conn.listAllDomains():
+        try:
+            state = DOMAIN_STATES.get(int(dom.state()[0]), "unknown")
+        except (libvirt.libvirtError, TypeError, ValueError, IndexError):
+            state = "unknown"
+        devices: list[str] | None = [] if state == "shutoff" else None
+        if state != "shutoff":
+            try:
+                devices = parse_devices(dom.XMLDesc(0))
+            except libvirt.libvirtError:
+                devices = None
+        out.append(DomainState(name=dom.name(), uuid=dom.UUIDString().lower(), state=state, devices=devices))
+    return out

@@ -47,7 +47,7 @@ import functools
 import re
 from typing import Any
 
-from ..core.vm_spec import ACCELS, FIRMWARES, ROM_DIR, STATES, VM_KEYS
+from ..core.vm_spec import ACCELS, DRAINS, FIRMWARES, ROM_DIR, STATES, VM_KEYS
 from ..facts.numa import MAX_CPUS
 from .validate import (
     HOSTNAME_RE,
@@ -377,6 +377,12 @@ _VM_FIELDS: dict[str, Any] = {
         type=["object", "null"],
     ),
     "autostart": _BOOL,
+    "drain": {
+        "enum": [*DRAINS, None],
+        "description": "what a drain before a reboot or a rebind does to the running VM: shutdown (ACPI, "
+        "wait, fail if it does not stop), force (then power it off), keep (leave it alone: the host is "
+        "skipped with a reason)",
+    },
     "nvlink_clique": {
         "type": ["boolean", "null"],
         "description": "true: all the VM's GPUs are one NVLink clique (lists of addresses: gpu_vm's vm only)",

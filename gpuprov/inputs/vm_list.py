@@ -16,6 +16,7 @@ from ..core.plan import Refusal
 from ..core.vm_spec import (
     ACCELS,
     DEFAULT_USER,
+    DRAINS,
     FIRMWARES,
     MAX_CLIQUE,
     STATES,
@@ -366,6 +367,8 @@ def parse_vm(
     spec.boot = None if data.get("boot") is None else _boot(data["boot"], f)
     if data.get("autostart") is not None:
         spec.autostart = bool(boolean(problems, f.at("autostart"), data["autostart"]))
+    if data.get("drain") is not None:
+        spec.drain = choice(problems, f.at("drain"), data["drain"], DRAINS) or spec.drain
     return (None if problems.items else spec), problems.items
 
 

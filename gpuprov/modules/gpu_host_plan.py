@@ -14,10 +14,12 @@ from typing import Any
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
+from ..facts.drain import recorded
 from ..facts.host import HostFacts, cpu_count, gather
 from ..facts.sysfs import Sysfs
 from ..model.host_model import HostModel
 from ..model.resolve import resolve
+from ..plan.host.drain import Disruption
 from . import gpu_vgpu, iommu_boot, vfio_bind
 
 CONCERNS: dict[str, Any] = {"iommu_boot": iommu_boot, "vfio_bind": vfio_bind, "gpu_vgpu": gpu_vgpu}
@@ -28,6 +30,7 @@ _CONCERN = {
 }
 ARGUMENT_SPEC: dict[str, Any] = {
     "concerns": {"type": "dict", "required": True, "options": {name: _CONCERN for name in CONCERNS}},
+    "record_root": {"type": "path"},
 }
 
 
@@ -44,6 +47,10 @@ class Ahead:
     warnings: list[str] = field(default_factory=list)
     model: HostModel | None = None
     model_root: str | None = None
+    # What the pending concerns take from running VMs (docs/guides/rolling.md), and whether a drain
+    # record waits for its restore.
+    disruption: Disruption = field(default_factory=Disruption)
+    recorded: bool = False
 
 
 class _Host:
@@ -76,35 +83,42 @@ class _Host:
         return resolved
 
 
-def plan_ahead(concerns: dict[str, Any]) -> Ahead:
-    """``concerns``: module name -> {"options": the role's options, "digest": their digest} (or None)."""
+def plan_ahead(concerns: dict[str, Any], record_root: str | None = None) -> Ahead:
+    """``concerns``: module name -> {"options": the role's options, "digest": their digest} (or None);
+    ``record_root``: where the drain keeps its record (None: not looked at)."""
     ahead = Ahead()
     host = _Host(ahead)
     for name, given in concerns.items():
         if given is None:
             continue
-        reason = _pending(name, given["options"], host)
+        reason, disruption = _pending(name, given["options"], host)
+        ahead.disruption.add(disruption)
         if reason is None:
             ahead.converged.append(given["digest"])
         else:
             ahead.pending[name] = reason
+    ahead.recorded = record_root is not None and recorded(Sysfs(record_root))
     return ahead
 
 
-def _pending(name: str, options: dict[str, Any], host: _Host) -> str | None:
+def _pending(name: str, options: dict[str, Any], host: _Host) -> tuple[str | None, Disruption]:
+    """Why the concern's module must run (None: it has nothing to do), and what its change disrupts;
+    a concern that could not be planned disrupts what cannot be told (the drain refuses on it)."""
     support = CONCERNS[name]
     checked = ArgumentSpecValidator(support.ARGUMENT_SPEC, **support.RULES).validate(options)
     if checked.error_messages:
-        return "its options are refused: " + "; ".join(checked.error_messages)
+        # The module refuses the same options, changing nothing.
+        return "its options are refused: " + "; ".join(checked.error_messages), Disruption()
     p = checked.validated_parameters
     try:
         if support is iommu_boot:
             return iommu_boot.pending(p)
         return support.pending(p, host.resolver(p["root"]), host.facts_of(p["root"]))
     except Unresolved as exc:
-        return str(exc)
+        return str(exc), Disruption()  # the module that resolves the declaration refuses it
     except Exception as exc:  # noqa: BLE001 - fail closed: whatever went wrong, the module runs and says it
-        return f"not planned ({type(exc).__name__}: {exc})"
+        why = f"not planned ({type(exc).__name__}: {exc})"
+        return why, Disruption(unknown=[f"{name}: {why}"])
 
 
 def finish_ahead(module: Any, ahead: Ahead) -> None:
@@ -112,7 +126,8 @@ def finish_ahead(module: Any, ahead: Ahead) -> None:
     resolved on the way (as gpu_host_model's fact) and its warnings. It changes nothing."""
     for warning in ahead.warnings:
         module.warn(warning)
-    result = {"changed": False, "converged": ahead.converged, "pending": ahead.pending}
+    disruption = {**ahead.disruption.as_dict(), "recorded": ahead.recorded}
+    result = {"changed": False, "converged": ahead.converged, "pending": ahead.pending, "disruption": disruption}
     if ahead.model is not None:
         result.update(ansible_facts={"gpuprov_model": ahead.model.derived()}, model_root=ahead.model_root)
     module.exit_json(**result)

@@ -15,6 +15,7 @@ from ..facts.host import HostFacts, gather
 from ..facts.sysfs import Sysfs
 from ..inputs.boundary import validate_gpu_vgpu_options
 from ..inputs.vgpu_request import VgpuPlan, VgpuRequest
+from ..plan.host.drain import Disruption, vgpu_disruption
 from .common import warn_or_refuse
 from .gpu_host_model import declaration
 from .vfio_bind import Resolver, quiet
@@ -92,13 +93,15 @@ def carry_first_pass(module: Any, plan: VgpuPlan, request: VgpuRequest) -> tuple
     return plan, extra
 
 
-def pending(p: dict[str, Any], resolver: Resolver, facts: HostFacts | None = None) -> str | None:
-    """Why the module must run for ``p`` (None: it would change, install and say nothing)."""
+def pending(p: dict[str, Any], resolver: Resolver, facts: HostFacts | None = None) -> tuple[str | None, Disruption]:
+    """Why the module must run for ``p`` (None: it would change, install and say nothing), and the
+    devices whose holders its change takes (docs/guides/rolling.md)."""
     if option_problems(p):
-        return "its options are refused"
+        return "its options are refused", Disruption()
     vgpu = plan(p, resolver, facts)[0]
+    disruption = vgpu_disruption(vgpu, Sysfs(p["root"]).live)
     if vgpu.install is not None or vgpu.second_pass or vgpu.reboot_required:
-        return "a first pass or a reboot is owed"
+        return "a first pass or a reboot is owed", disruption
     if vgpu.runner == "install":
-        return "the boot runner is missing or differs"
-    return quiet(vgpu, p["root"])
+        return "the boot runner is missing or differs", disruption
+    return quiet(vgpu, p["root"]), disruption

@@ -11,6 +11,7 @@ from typing import Any
 from ..facts.bootloader import gather_boot_inputs
 from ..facts.sysfs import Sysfs
 from ..plan.host.boot_trial import BootPlan, BootRequest, checked_request, plan_boot
+from ..plan.host.drain import Disruption, boot_disruption
 from .vfio_bind import quiet
 
 ARGUMENT_SPEC: dict[str, Any] = {
@@ -65,10 +66,13 @@ def plan(p: dict[str, Any]) -> tuple[BootPlan, dict[str, Any]]:
     return boot, extra
 
 
-def pending(p: dict[str, Any]) -> str | None:
-    """Why the module must run for ``p`` (None: it would change, reboot and say nothing)."""
+def pending(p: dict[str, Any]) -> tuple[str | None, Disruption]:
+    """Why the module must run for ``p`` (None: it would change, reboot and say nothing), and what its
+    change takes from running VMs (a reboot the play carries out: docs/guides/rolling.md)."""
     boot = plan(p)[0]
+    disruption = boot_disruption(boot, p["reboot_allowed"] and Sysfs(p["root"]).live)
     said = quiet(boot, p["root"])
     if said is None and (boot.stage != "converged" or boot.reboot != "none" or boot.reboot_required or boot.failure):
-        return f"the boot is {boot.stage}, reboot {boot.reboot}" + (" (one is owed)" if boot.reboot_required else "")
-    return said
+        owed = " (one is owed)" if boot.reboot_required else ""
+        return f"the boot is {boot.stage}, reboot {boot.reboot}{owed}", disruption
+    return said, disruption

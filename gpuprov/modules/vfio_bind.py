@@ -15,6 +15,7 @@ from ..facts.files import read_text
 from ..facts.host import HostFacts, gather
 from ..facts.sysfs import Sysfs
 from ..model.host_model import HostModel
+from ..plan.host.drain import Disruption, vfio_disruption
 from ..plan.host.vfio import MANAGED_FILES, VfioPlan, VfioRequest, plan_vfio
 from .gpu_host_model import declaration
 
@@ -56,10 +57,11 @@ def plan(p: dict[str, Any], resolver: Resolver, facts: HostFacts | None = None) 
     return plan_vfio(facts, request, files, initramfs_tools(sysfs)), model
 
 
-def pending(p: dict[str, Any], resolver: Resolver, facts: HostFacts | None = None) -> str | None:
-    """Why the module must run for ``p`` (None: it would change and say nothing)."""
+def pending(p: dict[str, Any], resolver: Resolver, facts: HostFacts | None = None) -> tuple[str | None, Disruption]:
+    """Why the module must run for ``p`` (None: it would change and say nothing), and the devices whose
+    holders it takes (docs/guides/rolling.md)."""
     vfio = plan(p, resolver, facts)[0]
-    return quiet(vfio, p["root"])
+    return quiet(vfio, p["root"]), vfio_disruption(vfio, Sysfs(p["root"]).live)
 
 
 def quiet(plan: Plan, root: str) -> str | None:

@@ -53,6 +53,11 @@ options:
         description: The call of M(gpuprov.kvm.gpu_vgpu) to plan.
         type: dict
         suboptions: *concern
+  record_root:
+    description:
+      - The root below which M(gpuprov.kvm.gpu_host_drain) keeps its record; RV(disruption.recorded) says
+        whether one is there (a restore is owed). Left out, it is not looked at.
+    type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
@@ -109,6 +114,34 @@ ansible_facts:
       description: What the stages derive from the declaration, as M(gpuprov.kvm.gpu_host_model) returns it.
       returned: when a declaration resolved
       type: dict
+disruption:
+  description:
+    - What the pending concerns' changes take from running VMs, for M(gpuprov.kvm.gpu_host_drain)
+      (docs/guides/rolling.md). A concern refused for any reason but a device in use changes nothing and
+      disrupts nothing.
+  returned: success
+  type: dict
+  contains:
+    reboot:
+      description: The play reboots the host (iommu_boot, with the reboot allowed, on C(/)).
+      type: bool
+    devices:
+      description:
+        - PCI addresses and mdev UUIDs whose holders must stop first; a VM holding an mdev or a VF of one
+          is held by it too. Only on C(/), where the runtime changes run.
+      type: list
+      elements: str
+    why:
+      description: What each concern changes, as text.
+      type: list
+      elements: str
+    unknown:
+      description: Concerns that could not be planned, and why (the drain refuses on them).
+      type: list
+      elements: str
+    recorded:
+      description: A drain record is below O(record_root).
+      type: bool
 model_root:
   description: The root the declaration was resolved on (role host_model's marker).
   returned: when a declaration resolved
@@ -121,7 +154,7 @@ from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import
 
 def main() -> None:
     module = AnsibleModule(argument_spec=gpu_host_plan.ARGUMENT_SPEC, supports_check_mode=True)
-    ahead = gpu_host_plan.plan_ahead(module.params["concerns"])
+    ahead = gpu_host_plan.plan_ahead(module.params["concerns"], module.params["record_root"])
     gpu_host_plan.finish_ahead(module, ahead)
 
 

@@ -165,6 +165,16 @@ options:
         description: Start the domain when libvirt starts.
         type: bool
         default: false
+      drain:
+        description:
+          - What M(gpuprov.kvm.gpu_host_drain) does to the running VM when its host must reboot or rebind
+            a device it holds; gpu_vm itself does not read it.
+          - C(shutdown) shuts it down (ACPI) and waits, and the drain fails if it does not stop; C(force)
+            then powers it off; C(keep) leaves it alone, and the drain refuses the host, naming the VM.
+            See docs/guides/rolling.md.
+        type: str
+        choices: [shutdown, force, keep]
+        default: shutdown
       nvlink_clique:
         description:
           - The VM's GPUs joined by NVLink, so the guest driver allows P2P among them (QEMU's

@@ -177,7 +177,7 @@ def _safety(facts: HostFacts, request: VfioRequest, wanted: list[str], bind_set:
                     plan.warnings.append(f"OVERRIDDEN by allow_unsafe: {message}")
                     continue
                 message += " (allow_unsafe does not lift this)"
-            plan.refusals.append(Refusal(message, finding.fix, addr))
+            plan.refusals.append(Refusal(message, finding.fix, addr, IN_USE if finding.code == IN_USE else None))
 
 
 def _runtime_bind(facts: HostFacts, bind_set: list[str], plan: VfioPlan) -> None:

@@ -46,6 +46,7 @@ def _in_use(plan: Plan, what: str, users: list[str], device: str, unknown: list[
             "shut the domain down (virsh shutdown) or stop the process first, then run again",
             device,
         )
+        plan.refusals[-1].code = IN_USE
     elif unknown:
         # Whether something uses it cannot be told: the same as in use.
         for finding in unknown:
