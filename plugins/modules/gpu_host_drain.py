@@ -12,9 +12,9 @@ module: gpu_host_drain
 short_description: Drain a GPU host's VMs before a reboot or a rebind, and restore them after
 description:
   - With O(state=drained), lists libvirt's domains and shuts down, cleanly (ACPI, all at once, each
-    waited for up to O(timeout) seconds), the running ones the change in O(disruption) would take down:
-    every one for a reboot; for a rebind, those holding one of O(disruption.devices), an mdev on one or
-    a VF of one. It records them in C(/var/lib/gpuprov/drain.json) below O(root) before it stops any.
+    waited for up to O(timeout) seconds), the running ones the change in O(disruption) would take down,
+    that is every one for a reboot, and for a rebind those holding one of O(disruption.devices), an mdev
+    on one or a VF of one. It records them in C(/var/lib/gpuprov/drain.json) below O(root) before it stops any.
   - With O(state=restored), starts exactly the domains the record lists (by UUID) that are shut off,
     then removes the record. A record that is not one gpuprov wrote (too large, not JSON, another form)
     is refused, changing nothing.
@@ -23,7 +23,7 @@ description:
     naming the VM and the fix, and nothing is stopped. A domain that is not declared gets O(undeclared).
   - It refuses, stopping nothing, when any VM it would touch is kept, not declared (with
     O(undeclared=refuse)), paused, crashed, suspended or in a state it cannot read, or holds devices it
-    cannot read, or when what the change disrupts could not be planned (O(disruption.unknown)): unknown is
+    cannot read, or when what the change disrupts could not be planned (O(disruption.unknown)), since unknown is
     never safe to drain. A VM that does not stop in time is left running (unless C(force)) and the module
     fails, naming it.
   - Nothing disrupted, nothing is read from libvirt. The role host_drain runs it in playbooks/hosts.yml, on

@@ -40,6 +40,7 @@ ROLES = [
     "gpu_vms",
     "guest_container_toolkit",
     "guest_nvidia_driver",
+    "host_drain",
     "host_model",
     "host_plan",
     "iommu_host",
