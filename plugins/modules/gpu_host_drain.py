@@ -84,12 +84,11 @@ options:
     default: qemu:///system
   root:
     description:
-      - The host's root; the record is kept below it. With a root other than C(/) libvirt here is not that
-        host's, and the module refuses when it has something to drain (unless O(uri) is libvirt's test driver).
-    type: path
-    default: /
+      - The record is kept below it. With a root other than C(/) libvirt here is not that host's, and the
+        module refuses when it has something to drain (unless O(uri) is libvirt's test driver).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - gpuprov.kvm.root
 attributes:
   check_mode:
     support: full

@@ -110,6 +110,7 @@ def test_there_are_modules() -> None:
         "apt_components",
         "apt_keyring",
         "gpu_fleet_facts",
+        "gpu_host_drain",
         "gpu_host_facts",
         "gpu_host_model",
         "gpu_host_plan",
