@@ -48,7 +48,9 @@ options:
         type: bool
         default: false
       devices:
-        description: Full PCI addresses and mdev UUIDs the change takes; the VMs holding them (or an mdev or VF below one) are drained.
+        description:
+          - Full PCI addresses and mdev UUIDs the change takes; the VMs holding them (or an mdev or VF below
+            one) are drained.
         type: list
         elements: str
         default: []
@@ -92,7 +94,9 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Reports what it would stop or start and changes nothing; the role runs it so first on every host of the batch.
+    details:
+      - Reports what it would stop or start and changes nothing; the role runs it so first on every host of
+        the batch.
   diff_mode:
     support: none
   platform:
