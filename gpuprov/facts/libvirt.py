@@ -154,4 +154,4 @@ def read_domains(conn: Any) -> list[DomainState]:
             except libvirt.libvirtError:
                 devices = None
         out.append(DomainState(name=dom.name(), uuid=dom.UUIDString().lower(), state=state, devices=devices))
-    return out
+    return sorted(out, key=lambda d: d.name)  # libvirt lists them in no set order

@@ -35,6 +35,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
         },
     },
     "vms": {"type": "list", "elements": "dict", "default": []},
+    "defaults": {"type": "dict", "default": {}},
     "undeclared": {"type": "str", "choices": list(UNDECLARED), "default": "refuse"},
     "timeout": {"type": "int", "default": 300},
     "uri": {"type": "str", "default": "qemu:///system"},
@@ -61,9 +62,12 @@ def _inputs(p: dict[str, Any]) -> tuple[Disruption, dict[str, str], list[Refusal
         unknown=list(given.get("unknown") or []),
     )
     policies: dict[str, str] = {}
+    default = (p["defaults"] or {}).get("drain")
+    if default is not None:
+        default = choice(problems, "defaults.drain", default, DRAINS)
     for i, vm in enumerate(p["vms"]):
         name = vm_name(problems, f"vms[{i}].name", vm.get("name"))
-        raw = vm.get("drain")
+        raw = vm.get("drain", default)
         policy = "shutdown" if raw is None else choice(problems, f"vms[{i}].drain", raw, DRAINS)
         if name is not None and policy is not None:
             policies[name] = policy

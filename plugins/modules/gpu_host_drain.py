@@ -71,6 +71,10 @@ options:
     type: list
     elements: dict
     default: []
+  defaults:
+    description: The keys every VM gets unless it sets them (C(gpuprov_host.vm_defaults)); only C(drain) is read.
+    type: dict
+    default: {}
   undeclared:
     description: What a running domain that is not in O(vms) gets when the change would take it down.
     type: str

@@ -336,6 +336,8 @@ def test_module_refuses_a_hostile_record_and_bad_inputs(libvirt_test: Any, tmp_p
         assert result["failed"] and "not one gpuprov wrote" in result["msg"], result
     assert all(_states(libvirt_test).values()) and path.exists()
     bad = _drain(tmp_path, disruption={"devices": ["gpu0"]}, vms=[{"name": "a", "drain": "sometimes"}])
+    kept_by_default = _drain(tmp_path.parent, disruption={"reboot": True}, vms=VMS[:1], defaults={"drain": "keep"})
+    assert kept_by_default["failed"] and "drain-gpu is declared drain: keep" in kept_by_default["msg"]
     assert bad["failed"] and "disruption.devices[0]" in bad["msg"] and "vms[0].drain" in bad["msg"]
 
 
