@@ -96,6 +96,13 @@ def qemu_argv(lab: Path, image: Path, port: int, loader: str = DEFAULT_LOADER) -
         "i6300esb,bus=pcie.0,addr=0x6",
         "-action",
         "watchdog=reset",
+        # Every reset of the machine (Linux's reboot, a panic's, the i6300esb's, the lab BMC's
+        # system_reset) ends this QEMU, and `watchdog` starts a new one on the same disks and
+        # firmware variables: a cold start. Under TCG a warm reset keeps the translated code of
+        # the last boot, and OVMF and GRUB then crawl or stall for minutes writing over it (the
+        # reset spin; "Welcome to GRUB!" and no more on three resets in a row, issue #26 item 8).
+        "-action",
+        "reboot=shutdown",
         # edu A: alone behind a root port.
         "-device",
         "pcie-root-port,id=rp1,bus=pcie.0,addr=0x1,chassis=1",
@@ -228,6 +235,8 @@ def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float, loader:
     argv = qemu_argv(lab, image, port, loader)
     (run / "qemu.argv").write_text(json.dumps(argv) + "\n")
     (run / "console.log").write_bytes(b"")
+    with suppress(FileNotFoundError):
+        (run / POWERED_OFF).unlink()
     start_qemu(lab)
     state = {"key": image.name, "loader": loader, "port": port, "started": time.time(), "image": str(image)}
     (run / "state.json").write_text(json.dumps(state, indent=2) + "\n")
@@ -381,6 +390,21 @@ def qmp_events(buf: bytes) -> tuple[list[dict], bytes]:
     return events, rest
 
 
+# QEMU's SHUTDOWN reasons that are a reset of the machine (qemu_argv's reboot=shutdown makes every
+# reset end QEMU): `watchdog` starts a new QEMU for these and lets it go for a poweroff or a quit.
+RESET_REASONS = frozenset({"guest-reset", "host-qmp-system-reset"})
+# Written by `down` before it powers the host off: a reset racing it starts no new QEMU.
+POWERED_OFF = "powered-off"
+
+
+def reset_reason(event: dict) -> str | None:
+    """The reason of a SHUTDOWN event that is a reset of the machine (RESET_REASONS), else None."""
+    if event.get("event") != "SHUTDOWN":
+        return None
+    reason = (event.get("data") or {}).get("reason")
+    return reason if reason in RESET_REASONS else None
+
+
 def guest_watchdog_line(event: dict) -> str | None:
     """The watchdog.log text for a QMP WATCHDOG event (the i6300esb fired), else None."""
     if event.get("event") != "WATCHDOG":
@@ -401,7 +425,9 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
     FIRMWARE_LIMIT is followed by a power cycle (:func:`power_cycle`, a new QEMU). Each
     reset is logged in run/watchdog.log (``python -m dev.lab status`` shows them), and so
     is each reset by the guest's own i6300esb (QMP WATCHDOG events): RESET_BY_LAB and
-    RESET_BY_GUEST tell them apart, and POWER_CYCLE marks the power cycles. Runs until QEMU exits."""
+    RESET_BY_GUEST tell them apart, and POWER_CYCLE marks the power cycles. Every reset ends QEMU
+    (qemu_argv's reboot=shutdown): a SHUTDOWN event for a reset (RESET_REASONS) is followed by a
+    new QEMU, a cold start. Runs until QEMU exits for anything else, or `down` powered it off."""
     console, log = run_dir(lab) / "console.log", run_dir(lab) / "watchdog.log"
     offset, started, tries = 0, time.monotonic(), 0
     reset_at: float | None = None  # a reset that the firmware has not answered yet
@@ -411,7 +437,26 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
         with open(log, "a") as f:
             f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
 
-    while not wait_gone(pid, 0 if events else 2):
+    reset: str | None = None  # QEMU is ending for a reset of the machine (RESET_REASONS)
+    while True:
+        if wait_gone(pid, 0 if events else 2):
+            if reset is None or (run_dir(lab) / POWERED_OFF).exists():
+                return
+            # The reset as a cold start: a new QEMU on the same disks and firmware variables.
+            try:
+                start_qemu(lab)
+            except LabError as exc:
+                note(f"{POWER_CYCLE} QEMU did not start again after a reset ({reset}): {exc}")
+                return
+            new = qemu_pid(lab)
+            if new is None:
+                note(f"{POWER_CYCLE} QEMU did not start again after a reset ({reset})")
+                return
+            if events is not None:
+                events.close()
+            pid, events, pending, reset = new, qmp_events_connect(lab), b"", None
+            reset_at = started = time.monotonic()
+            continue
         if events:
             with suppress(OSError):
                 select.select([events], [], [], 2)
@@ -423,6 +468,7 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
             for line in filter(None, map(guest_watchdog_line, got)):
                 note(line)
                 reset_at = time.monotonic()
+            reset = next(filter(None, map(reset_reason, got)), reset)
         try:
             with open(console, "rb") as f:
                 f.seek(offset)
@@ -506,6 +552,7 @@ def down(lab: Path, force: bool, timeout: float) -> int:
         return 0
     port = read_state(lab).get("port", default_port())
     t0 = time.monotonic()
+    (run_dir(lab) / POWERED_OFF).write_text(f"{time.time()}\n")  # the watchdog restarts no QEMU now
     if not force:
         # A clean shutdown from inside (disks synced); ACPI power button as the fallback.
         with suppress(subprocess.TimeoutExpired):
