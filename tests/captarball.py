@@ -12,8 +12,9 @@ import io
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Optional
 
-Entry = tuple[tarfile.TarInfo, bytes | None]
+Entry = tuple[tarfile.TarInfo, Optional[bytes]]  # Optional: evaluated here, and 3.9 has no `bytes | None`
 
 _cache: dict[str, list[Entry]] = {}
 

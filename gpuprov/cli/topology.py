@@ -110,7 +110,7 @@ def matrix_table(matrix: dict[str, Any]) -> Any:
     table.add_column("", no_wrap=True)
     for i in range(len(matrix["gpus"])):
         table.add_column(gpu_column(i), no_wrap=True)
-    for i, (address, row) in enumerate(zip(matrix["gpus"], matrix["rows"], strict=True)):
+    for i, (address, row) in enumerate(zip(matrix["gpus"], matrix["rows"])):
         table.add_row(f"{gpu_column(i)} {address}", *row)
     return table
 

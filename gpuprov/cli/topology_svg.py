@@ -176,7 +176,7 @@ def _matrix_lines(document: dict[str, Any]) -> list[str]:
     label = max(len(f"{gpu_column(i)} {a}") for i, a in enumerate(gpus))
     cell = max(6, *(len(gpu_column(i)) + 2 for i in range(len(gpus))), *(len(c) + 2 for r in matrix["rows"] for c in r))
     lines = [matrix_title(matrix), " " * (label + 2) + "".join(gpu_column(i).ljust(cell) for i in range(len(gpus)))]
-    for i, (address, row) in enumerate(zip(gpus, matrix["rows"], strict=True)):
+    for i, (address, row) in enumerate(zip(gpus, matrix["rows"])):
         lines.append(f"{gpu_column(i)} {address}".ljust(label + 2) + "".join(c.ljust(cell) for c in row))
     used = {c for row in matrix["rows"] for c in row}
     for word, meaning in LINKS.items():

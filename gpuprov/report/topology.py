@@ -264,7 +264,7 @@ def parse_smi_topo(text: str, addresses: list[str]) -> dict[frozenset[str], int]
         row = re.fullmatch(r"GPU(\d+)", cells[0]) if cells else None
         if row is None or int(row.group(1)) >= len(addresses):
             continue
-        for column, value in zip(header, cells[1:], strict=False):
+        for column, value in zip(header, cells[1:]):
             col = re.fullmatch(r"GPU(\d+)", column)
             count = re.fullmatch(r"NV(\d+)", value)
             if col and count and int(col.group(1)) < len(addresses) and col.group(1) != row.group(1):

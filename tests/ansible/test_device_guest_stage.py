@@ -18,7 +18,7 @@ RECAP = re.compile(r"^localhost\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d
 
 def recap(machine: Path, run: str) -> dict[str, int]:
     (found,) = RECAP.findall((machine / f"{run}.log").read_text())
-    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, found), strict=True))
+    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, found)))
 
 
 @pytest.mark.parametrize("machine", MACHINES.values(), ids=MACHINES.keys())

@@ -329,7 +329,7 @@ def expected_link(root: Path, a: str, b: str) -> str:
         nodes = (node(a), node(b))
         return "SYS" if min(nodes) >= 0 and nodes[0] != nodes[1] else "NODE"
     pa, pb = sysfs_ports(root, a), sysfs_ports(root, b)
-    common = next((i for i, (x, y) in enumerate(zip(pa, pb, strict=False)) if x != y), min(len(pa), len(pb)))
+    common = next((i for i, (x, y) in enumerate(zip(pa, pb)) if x != y), min(len(pa), len(pb)))
     if not common:
         return "PHB"
     return "PIX" if max(len(pa), len(pb)) - common <= 1 else "PXB"

@@ -153,7 +153,7 @@ def test_the_terminal_tree_nests_each_level_under_the_one_above(host_root, capsy
     ]
     rows = [next(i for i, line in enumerate(lines) if w in line) for w in wanted]
     assert rows == sorted(rows)
-    indents = [lines[r].index(w) for r, w in zip(rows, wanted, strict=True)]
+    indents = [lines[r].index(w) for r, w in zip(rows, wanted)]
     assert indents == sorted(indents) and len(set(indents)) == len(indents)
 
 
@@ -434,10 +434,11 @@ def test_the_picture_in_a_browser_shows_each_gpu_in_its_node_column(tmp_path, mo
         key=drawn_order,
     )
     assert len(boxes) == len(expected) == 4, (boxes, expected)
-    for (x, y, _, _, fill), (ex, ey, hw, _, efill) in zip(boxes, expected, strict=True):
+    for (x, y, _, _, fill), (ex, ey, hw, _, efill) in zip(boxes, expected):
         # The centre of the coloured pixels: the text on a wide box pulls it off the box's own a little.
         assert abs(x - ex) <= 8 + hw / 10 and abs(y - ey) <= 8 and fill == efill, (boxes, expected)
-    for (cx, _, half_width, _), count in zip(columns, (2, 2), strict=True):
+    assert len(columns) == 2, columns
+    for (cx, _, half_width, _), count in zip(columns, (2, 2)):
         assert len([b for b in boxes if abs(b[0] - cx) < half_width]) == count, (columns, boxes)
 
     # The legend: a square of each verdict's colour below the columns, the words beside it.

@@ -382,6 +382,9 @@ def test_inspect_reports_the_same_with_and_without_openat2(host_root, tmp_path) 
     assert outputs[0] == outputs[1] and outputs[0]["pci_devices"]
 
 
+# Once, under PATH's python3: the walk is os.open/os.readlink with dir_fd, no ctypes; the second
+# pass (Debian's python3) runs test_sysfs_safety.py itself, through openat2.
+@pytest.mark.interpreter_independent
 def test_the_safety_suite_passes_without_openat2() -> None:
     """tests/**/test_sysfs_safety.py again, on the walk: its answers do not depend on the kernel."""
     suite = sorted((REPO / "tests").rglob("test_sysfs_safety.py"))

@@ -135,7 +135,8 @@ def test_fit_follows_the_placements(wanted, occupied, fits) -> None:
     starts = fit(profiles, occupied)
     assert (starts is not None) == fits
     if starts is not None:
-        spans = [(s, s + p.size) for s, p in zip(starts, profiles, strict=True)] + [(a, a + n) for a, n in occupied]
+        assert len(starts) == len(profiles)
+        spans = [(s, s + p.size) for s, p in zip(starts, profiles)] + [(a, a + n) for a, n in occupied]
         for i, (a, b) in enumerate(spans):
             assert all(b <= c or d <= a for c, d in spans[i + 1 :])
 

@@ -73,12 +73,7 @@ BUILTIN_TYPES = {"int", "str", "bytes", "bool", "float", "complex", "list", "dic
 
 # 3.10+ constructs in files their owners are changing now: (file, kind). An entry that no longer
 # matches fails the test too, so the list only shrinks: remove the entry with the fix.
-PENDING: set[tuple[str, str]] = {
-    ("gpuprov/cli/topology.py", "zip(strict=)"),
-    ("gpuprov/cli/topology_svg.py", "zip(strict=)"),
-    ("gpuprov/inputs/declaration.py", "zip(strict=)"),
-    ("gpuprov/report/topology.py", "zip(strict=)"),
-}
+PENDING: set[tuple[str, str]] = set()
 
 
 def python_files() -> list[Path]:
