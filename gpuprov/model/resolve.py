@@ -150,6 +150,15 @@ def _entries(host: dict[str, Any], layouts: dict[str, Any], model: HostModel) ->
     return list(out.values())
 
 
+def declared_entries(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(where, entry) of every GPU entry a declaration gives its host, as :func:`resolve` reads them:
+    the picked layout's (a mig-parted or vgpu-device-manager file converted), then the host's own
+    (a same name replaces). For a declaration :func:`resolve` found no problem in."""
+    model = HostModel()
+    doc = _convert_layouts(doc, model)
+    return _entries(doc.get("gpuprov_host") or {}, doc.get("gpuprov_layouts") or {}, model)
+
+
 def _nvidia_gpus(facts: HostFacts) -> list[str]:
     """NVIDIA display-class physical functions, in PCI address order (nvidia-smi's index order)."""
     return sorted(

@@ -1,4 +1,4 @@
-"""``-i INVENTORY --host HOST``: plan and inspect read a host's variables as Ansible sees them
+"""``-i INVENTORY --host HOST``: plan, inspect and init read a host's variables as Ansible sees them
 (group_vars layouts, vault-encrypted values, Jinja), through Ansible's own loader (issue #28
 item 2). The repo's example inventory, whose host_vars file alone cannot be planned (its layout
 lives in group_vars), and a vaulted inventory written here with ansible-vault's own library."""
@@ -132,3 +132,101 @@ def test_a_vaulted_file_given_alone_points_to_the_inventory(capsys, inventory: P
     assert main(["plan", "--root", str(H100), str(inventory / "host_vars" / "node1.yml")]) == 2
     err = capsys.readouterr().err
     assert "vault-encrypted values" in err and "-i INVENTORY --host HOST" in err
+
+
+# ---------------------------------------------------------------- init -i INVENTORY --host HOST
+
+
+def init_doc(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict, str, str]:
+    import yaml
+
+    assert main(["init", "--root", str(H100), *args]) == 0
+    out, err = capsys.readouterr()
+    return yaml.safe_load(out), out, err
+
+
+def resolved(doc: dict):
+    from gpuprov.cli.common import host_root
+    from gpuprov.facts.host import gather
+    from gpuprov.facts.sysfs import Sysfs
+    from gpuprov.inputs.declaration import check
+    from gpuprov.model.resolve import resolve
+
+    assert not check(doc, "init")  # the declaration's schema
+    with host_root(str(H100)) as root:
+        return resolve(doc, gather(Sysfs(root)))
+
+
+def test_init_starts_from_the_inventory_declaration_layout_vault_and_jinja(capsys, inventory: Path, tmp_path) -> None:
+    pw = str(inventory / "pw")
+    doc, out, _ = init_doc(capsys, "-i", str(inventory), "--host", "node1", "--vault-password-file", pw)
+    host = doc["gpuprov_host"]
+    assert "layout" not in host and host["version"] == 1  # group_vars' layout written into the host's own gpus
+    assert host["gpus"] == [{"name": "train", "use": "passthrough", "address": "0000:00:06.0"}]
+    assert "gpuprov_layouts.one-gpu.gpus[0] 'train'" in out and "on this host: 0000:00:06.0" in out
+    assert [(vm["name"], str(vm["memory_mib"])) for vm in host["vms"]] == [("vault-named-vm", "2048")]
+    model = resolved(doc)
+    assert model.problems == [] and model.declared["0000:00:06.0"]["use"] == "passthrough"
+    # The file stands alone: plan reads it as plan -i reads the inventory.
+    path = tmp_path / "node1.yml"
+    path.write_text(out)
+    assert main(["plan", "--json", "--root", str(H100), str(path)]) in (0, 3)
+    alone = json.loads(capsys.readouterr().out)
+    from ansible.parsing.vault import VaultSecretsContext
+
+    VaultSecretsContext._current = None  # a second inventory read, as a second gpuprov run would be
+    _, by_inventory, _ = plan_json(capsys, "-i", str(inventory), "--host", "node1", "--vault-password-file", pw)
+    assert alone["vms"] == by_inventory["vms"]
+
+
+def test_init_from_the_example_inventory_names_what_the_host_refuses(capsys) -> None:
+    doc, out, err = init_doc(capsys, "-i", str(EXAMPLE), "--host", "gpu-node-01")
+    names = [g["name"] for g in doc["gpuprov_host"]["gpus"]]
+    assert names == ["console", "big", "a100", "gpu0"]  # declared entries kept, then the GPU none covers
+    assert "not declared in the inventory" in out and [vm["name"] for vm in doc["gpuprov_host"]["vms"]] == [
+        "trainer",
+        "notebook-1",
+        "notebook-2",
+    ]
+    assert "no device 0000:41:00.0 on this host" in err and "# REFUSED on this host:" in out
+
+
+def test_init_converts_a_host_with_the_old_variables(capsys, inventory: Path) -> None:
+    (inventory / "host_vars" / "node1.yml").write_text(
+        'vfio_host_devices: ["0000:00:06.0"]\ngpu_vms_list:\n  - {name: old-vm, memory_mib: 1024, vcpus: 1, '
+        'gpus: ["0000:00:06.0"]}\n'
+    )
+    doc, out, _ = init_doc(capsys, "-i", str(inventory), "--host", "node1")
+    assert "converted as `gpuprov convert` does" in out
+    (gpu,) = doc["gpuprov_host"]["gpus"]
+    assert (gpu["address"], gpu["use"]) == ("0000:00:06.0", "passthrough")
+    assert [vm["name"] for vm in doc["gpuprov_host"]["vms"]] == ["old-vm"]
+    assert resolved(doc).problems == []
+
+
+def test_init_for_an_undeclared_host_starts_from_its_facts_and_names_the_layouts(capsys, inventory: Path) -> None:
+    (inventory / "host_vars" / "node1.yml").unlink()
+    doc, out, _ = init_doc(capsys, "-i", str(inventory), "--host", "node1")
+    assert "declares no gpuprov_host" in out
+    assert "layouts it offers (gpuprov_host.layout: NAME picks one): one-gpu" in out
+    assert [g["address"] for g in doc["gpuprov_host"]["gpus"]] == ["0000:00:06.0"]
+    assert doc["gpuprov_host"]["vms"] == []
+    main(["init", "--root", str(H100)])
+    plain = capsys.readouterr().out
+    assert out.split("\n\n", 1)[1] == plain.split("\n\n", 1)[1]  # the same start as without -i
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--host", "node1"], "-i INVENTORY and --host HOST go together"),
+        (["-i", "INV"], "-i INVENTORY and --host HOST go together"),
+        (["-i", "INV", "--host", "nosuch"], "has no host 'nosuch'"),
+        (["-i", "INV", "--host", "node1"], "no vault secrets"),
+    ],
+)
+def test_init_inventory_misuse_is_exit_2(capsys, inventory: Path, args: list[str], said: str) -> None:
+    args = [str(inventory) if a == "INV" else a for a in args]
+    assert main(["init", "--root", str(H100), *args]) == 2
+    captured = capsys.readouterr()
+    assert said in captured.err and captured.out == ""
