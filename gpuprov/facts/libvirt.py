@@ -21,6 +21,19 @@ LIBVIRT_MISSING = (
 )
 
 
+# Where the system's libvirt answers (the monolithic libvirtd's socket, the modular virtqemud's),
+# running or socket-activated: a host with neither runs no libvirt VM (libvirt not installed yet,
+# as on a bare host before the gpu_vms role).
+SYSTEM_URI = "qemu:///system"
+SYSTEM_SOCKETS = ("run/libvirt/libvirt-sock", "run/libvirt/virtqemud-sock")
+
+
+def system_libvirt_absent(sysfs: Any, uri: str) -> bool:
+    """True when ``uri`` is the system's libvirt and none of its sockets exists on the live root:
+    no VM of it can be running. Any other URI, or any socket there: False (connect and read)."""
+    return uri == SYSTEM_URI and sysfs.live and not any(sysfs.exists(s) for s in SYSTEM_SOCKETS)
+
+
 class LibvirtMissing(RuntimeError):
     """The ``libvirt`` module cannot be imported; the message names the package."""
 

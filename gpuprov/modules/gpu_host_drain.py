@@ -15,7 +15,7 @@ from ..core.plan import Plan, Refusal
 from ..core.vm_spec import DRAINS
 from ..facts.drain import RECORD, RecordError, device_parents, read_record
 from ..facts.host import gather
-from ..facts.libvirt import LibvirtMissing, connect, read_domains
+from ..facts.libvirt import LibvirtMissing, connect, read_domains, system_libvirt_absent
 from ..facts.sysfs import Sysfs
 from ..inputs.validate import Problems, choice, pci_address, uuid_text, vm_name
 from ..plan.host.drain import UNDECLARED, Disruption, DrainPlan, RestorePlan, plan_drain, plan_restore
@@ -121,6 +121,9 @@ def _drain(module: Any, disruption: Disruption, policies: dict[str, str], record
     result = {**base, "stopped": [], "forced": [], "reasons": {}, "disruption": disruption.as_dict()}
     if not disruption:
         module.exit_json(**result)  # nothing is taken from a VM: libvirt is not consulted
+    if system_libvirt_absent(Sysfs(p["root"]), p["uri"]):
+        # A bare host (libvirt not installed yet) or one without libvirt: no VM to shut down.
+        module.exit_json(**result, libvirt="absent: no socket of the system's libvirt, so no VM runs")
     conn = _connection(module, DrainPlan(), "the running VMs")
     domains = read_domains(conn)
     parents = device_parents(gather(Sysfs(p["root"]))) if disruption.devices and not disruption.reboot else {}

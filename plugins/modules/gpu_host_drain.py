@@ -139,6 +139,11 @@ reasons:
   description: Each domain stopped, and what takes it down.
   returned: state is drained
   type: dict
+libvirt:
+  description: Set when the system's libvirt has no socket on this host (not installed yet, as on a bare host) and so no
+    VM can be running; nothing was stopped.
+  returned: state is drained and no socket of qemu:///system exists
+  type: str
 still_running:
   description: Domains that did not shut down in time and were left running (the module failed).
   returned: failure

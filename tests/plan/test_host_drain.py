@@ -346,3 +346,22 @@ def test_module_with_nothing_disrupted_does_not_consult_libvirt(tmp_path: Path) 
     assert not result["failed"] and not result["changed"] and result["stopped"] == []
     staged = _drain(tmp_path, uri="qemu:///system", disruption={"reboot": True})
     assert staged["failed"] and "not /" in staged["msg"]  # another host's libvirt is never read
+
+
+def test_a_host_without_the_systems_libvirt_has_nothing_to_drain() -> None:
+    """A bare host (libvirt not installed yet: no libvirtd or virtqemud socket) runs no libvirt VM:
+    the drain reads nothing and stops nothing. Any socket there, another URI or a staged root:
+    libvirt is read (or the drain refuses), as before."""
+    from types import SimpleNamespace
+
+    from gpuprov.facts.libvirt import SYSTEM_SOCKETS, system_libvirt_absent
+
+    def host(*present: str, live: bool = True) -> Any:
+        return SimpleNamespace(live=live, exists=lambda rel: rel in present)
+
+    assert system_libvirt_absent(host(), "qemu:///system")
+    for socket in SYSTEM_SOCKETS:
+        assert not system_libvirt_absent(host(socket), "qemu:///system"), socket
+    assert not system_libvirt_absent(host(), "qemu:///session")
+    assert not system_libvirt_absent(host(), "test:///default")
+    assert not system_libvirt_absent(host(live=False), "qemu:///system")
