@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         print(
             f"gpuprov: error: the Python module '{exc.name}' is missing: install gpuprov with its dependencies "
-            "(pip install gpuprov)",
+            "(pipx install ., or pip install . in a venv, from the checkout or its wheel: README, Install)",
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
