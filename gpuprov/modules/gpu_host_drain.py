@@ -32,6 +32,8 @@ ARGUMENT_SPEC: dict[str, Any] = {
             "devices": {"type": "list", "elements": "str", "default": []},
             "why": {"type": "list", "elements": "str", "default": []},
             "unknown": {"type": "list", "elements": "str", "default": []},
+            # gpu_host_plan's too: whether a record waits (this module reads the record itself).
+            "recorded": {"type": "bool", "default": False},
         },
     },
     "vms": {"type": "list", "elements": "dict", "default": []},

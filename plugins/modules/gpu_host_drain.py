@@ -64,6 +64,12 @@ options:
         type: list
         elements: str
         default: []
+      recorded:
+        description:
+          - Whether a drain record waits, as M(gpuprov.kvm.gpu_host_plan) says; the module reads the record
+            itself (O(state=restored)), so this changes nothing.
+        type: bool
+        default: false
   vms:
     description:
       - The VMs the host declares (C(gpuprov_model.vms), or C(gpu_vms_list)); only each one's C(name) and

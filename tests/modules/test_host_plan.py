@@ -75,6 +75,13 @@ def test_iommu_boot_with_a_reboot_owed_is_pending(bare_python, staged) -> None: 
     root = staged("ci-host-no-iommu")
     result = ahead(bare_python, iommu_boot={"root": str(root)})
     assert result["converged"] == [] and "iommu_boot" in result["pending"]
+    # What roles/host_drain does with it: the disruption as returned is gpu_host_drain's option
+    # (every key; the reboot counts once the play may reboot: iommu_boot's reboot_allowed), and a
+    # reboot reaches the drain's libvirt step, refused here for the staged root.
+    assert set(result["disruption"]) == {"reboot", "devices", "why", "unknown", "recorded"}, result["disruption"]
+    options = {"disruption": {**result["disruption"], "reboot": True}, "root": str(root)}
+    drain = run_module(bare_python, "gpu_host_drain", options, check=True)
+    assert drain["failed"] and "not /" in drain["msg"] and "Unsupported" not in drain["msg"], drain["msg"]
 
 
 @pytest.mark.parametrize(
