@@ -101,7 +101,7 @@ def test_an_undeclared_domain_is_refused_unless_allowed() -> None:
     domains = [dom("stranger", U1)]
     refused = plan_drain(domains, Disruption(reboot=True), {}, "refuse", {}, None)
     assert "not declared" in refused.refusals[0].message
-    assert "gpuprov_drain_undeclared" in (refused.refusals[0].fix or "")
+    assert "host_drain_undeclared" in (refused.refusals[0].fix or "")
     allowed = plan_drain(domains, Disruption(reboot=True), {}, "shutdown", {}, None)
     assert [d.name for d in allowed.stop] == ["stranger"] and not allowed.force
 

@@ -202,7 +202,7 @@ def plan_drain(
                 Refusal(
                     f"domain {dom.name} runs here, is not declared (gpuprov_host.vms), and {cause}: "
                     "the host is skipped, nothing changed",
-                    f"declare {dom.name} with drain: shutdown, force or keep, or set gpuprov_drain_undeclared: "
+                    f"declare {dom.name} with drain: shutdown, force or keep, or set host_drain_undeclared: "
                     f"shutdown to let the drain stop domains gpuprov does not declare ({DOC})",
                 )
             )
