@@ -39,7 +39,9 @@ options:
     choices: [drained, restored]
     default: drained
   disruption:
-    description: What the change takes from running VMs, as M(gpuprov.kvm.gpu_host_plan) returns it (RV(gpuprov.kvm.gpu_host_plan#module:disruption)).
+    description:
+      - What the change takes from running VMs, as M(gpuprov.kvm.gpu_host_plan) returns it
+        (RV(gpuprov.kvm.gpu_host_plan#module:disruption)).
     type: dict
     default: {}
     suboptions:
