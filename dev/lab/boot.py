@@ -272,6 +272,12 @@ def power_cycle(lab: Path, pid: int) -> int | None:
         with suppress(OSError):
             os.kill(pid, signal.SIGKILL)
         wait_gone(pid, 10)
+    return start_again(lab)
+
+
+def start_again(lab: Path) -> int | None:
+    """A new QEMU from run/qemu.argv after the last one ended (a power cycle, a reset as a cold
+    start); its pid, None if it did not start."""
     try:
         start_qemu(lab)
     except LabError:
@@ -443,12 +449,7 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
             if reset is None or (run_dir(lab) / POWERED_OFF).exists():
                 return
             # The reset as a cold start: a new QEMU on the same disks and firmware variables.
-            try:
-                start_qemu(lab)
-            except LabError as exc:
-                note(f"{POWER_CYCLE} QEMU did not start again after a reset ({reset}): {exc}")
-                return
-            new = qemu_pid(lab)
+            new = start_again(lab)
             if new is None:
                 note(f"{POWER_CYCLE} QEMU did not start again after a reset ({reset})")
                 return
