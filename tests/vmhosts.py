@@ -35,9 +35,11 @@ def add_numa(fake: FakeHost, nodes: list[tuple[str, int, dict[int, int]]]) -> No
             fake.write(f"{base}/hugepages/hugepages-{size}kB/free_hugepages", f"{count}\n")
 
 
-def two_node_host(root: Path, *, pages: dict[int, int] | None = None, memory_gib: int = 512) -> HostFacts:
+def two_node_host(
+    root: Path, *, pages: dict[int, int] | None = None, memory_gib: int = 512, pages0: dict[int, int] | None = None
+) -> HostFacts:
     """Two NUMA nodes of 16 CPUs each; GPU 0000:41:00.0 (+ audio .1) on node 0, 0000:c1:00.0 on node 1,
-    each in its own IOMMU group; node 1 may have hugepages reserved."""
+    each in its own IOMMU group; hugepages may be reserved on node 1 (``pages``) and node 0 (``pages0``)."""
     fake = FakeHost(root)
     fake.pci("0000:00:00.0", cls=0x060000, vendor=0x8086, device=0x1234, group=0, numa_node=0)
     fake.pci("0000:40:01.0", cls=0x060400, vendor=0x8086, device=0x2345, group=10, numa_node=0, driver="pcieport")
@@ -45,7 +47,9 @@ def two_node_host(root: Path, *, pages: dict[int, int] | None = None, memory_gib
     fake.pci("0000:41:00.1", cls=0x040300, parent="0000:40:01.0", group=11, numa_node=0, driver="snd_hda_intel")
     fake.pci("0000:c0:01.0", cls=0x060400, vendor=0x8086, device=0x2345, group=20, numa_node=1, driver="pcieport")
     fake.pci("0000:c1:00.0", cls=0x030200, parent="0000:c0:01.0", group=21, numa_node=1, driver="vfio-pci")
-    add_numa(fake, [("0-15", memory_gib * GIB_KIB // 2, {}), ("16-31", memory_gib * GIB_KIB // 2, pages or {})])
+    add_numa(
+        fake, [("0-15", memory_gib * GIB_KIB // 2, pages0 or {}), ("16-31", memory_gib * GIB_KIB // 2, pages or {})]
+    )
     return gather(Sysfs(str(fake.finish())))
 
 

@@ -12,7 +12,8 @@ host facts before anything changes and reports every problem at once:
   ``available_instances``, mixed vGPU types on an NVIDIA GPU (all vGPUs of a
   board share one profile unless the host opts into mixed sizes);
 - SR-IOV vGPU VFs: a type that is not creatable, a VF that holds another type;
-- host memory, CPUs and hugepages oversubscribed.
+- host memory, CPUs and hugepages oversubscribed, on the host and on each NUMA node
+  (memory is bound to its node: strict).
 
 It also places each VM (:func:`gpuprov.plan.vm.place.place`): its NUMA node (the
 node of its first GPU, VF or mdev parent, unless given), one host CPU per vCPU on

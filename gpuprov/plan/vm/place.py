@@ -2,9 +2,10 @@
 
 :func:`place`: each VM's NUMA node (the node of its first GPU, VF or mdev parent,
 unless given), one host CPU per vCPU on that node (first free, in list order, after
-the CPUs kept for the host), and hugepages when enough are reserved.
+the CPUs kept for the host), and hugepages when enough are reserved there.
 :func:`check_totals`: host memory, CPUs and hugepages oversubscribed, or not
-readable (fail closed: docs/concepts/safety-rules.md).
+readable (fail closed: docs/concepts/safety-rules.md); then :func:`check_nodes`:
+the memory bound (strict) to each NUMA node against what that node has.
 
 Pure: no I/O. Standard library only.
 """
@@ -50,6 +51,14 @@ def _node_hugepages(facts: HostFacts) -> dict[int, dict[int, int]]:
             if total:
                 out.setdefault(node.node, {})[size_kib] = total * size_kib
     return out
+
+
+def _pages_left(hugepages_left: dict[int, dict[int, int]], nodes: list[int], sizes: list[int]) -> str:
+    """What is left of each page size on these nodes, for a hugepage refusal."""
+    return (
+        ", ".join(f"{s} kB pages: {_mib(sum(hugepages_left.get(n, {}).get(s, 0) for n in nodes))} left" for s in sizes)
+        or "none reserved"
+    )
 
 
 def _spread_nodes(facts: HostFacts, vm: VmSpec, node_cpus: dict[int, list[int]]) -> list[int]:
@@ -118,12 +127,28 @@ def _place_cells(
                     hugepages_left[c.node][size] -= c.memory_mib * 1024
                 break
         if hugepage_kib is None and vm.hugepages == "yes":
+            short = [
+                c
+                for c in cells
+                if not any(
+                    (c.memory_mib * 1024) % s == 0 and hugepages_left.get(c.node, {}).get(s, 0) >= c.memory_mib * 1024
+                    for s in sizes
+                )
+            ]
+            # Every node may hold its share, but in different page sizes: a VM has one.
+            wanted = short or cells
             plan.refusals.append(
                 Refusal(
                     f"VM {vm.name}: hugepages oversubscribed: "
-                    + ", ".join(f"{c.memory_mib} MiB wanted on NUMA node {c.node}" for c in cells)
-                    + " in one page size (its GPUs span these nodes)",
-                    "reserve hugepages on each of these nodes (vm.nr_hugepages per node), or hugepages: auto",
+                    + "; ".join(
+                        f"{c.memory_mib} MiB wanted in hugepages on NUMA node {c.node} "
+                        f"({_pages_left(hugepages_left, [c.node], sizes)})"
+                        for c in wanted
+                    )
+                    + ("" if short else "; no one page size holds every cell's share")
+                    + f" (its GPUs span nodes {nodes})",
+                    f"reserve more hugepages on NUMA node {', '.join(str(c.node) for c in wanted)} "
+                    "(nr_hugepages of /sys/devices/system/node/nodeN), or hugepages: auto",
                 )
             )
     gpu_cells = {
@@ -246,32 +271,28 @@ def place(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, reserved_cpus: li
                     break
             if hugepage_kib is None and vm.hugepages == "yes":
                 where = f"NUMA node {node}" if node is not None else "the host"
-                reserved_text = (
-                    ", ".join(
-                        f"{s} kB pages: {_mib(sum(hugepages_left.get(n, {}).get(s, 0) for n in nodes))} left"
-                        for s in sizes
-                    )
-                    or "none reserved"
-                )
                 plan.refusals.append(
                     Refusal(
                         f"VM {vm.name}: hugepages oversubscribed: {vm.memory_mib} MiB wanted in hugepages on {where} "
-                        f"({reserved_text})",
+                        f"({_pages_left(hugepages_left, nodes, sizes)})",
                         "reserve more hugepages (vm.nr_hugepages or hugepages= at boot), or hugepages: auto",
                     )
                 )
         plan.placements[vm.name] = Placement(node=node, cpus=cpus, hugepage_kib=hugepage_kib)
 
 
+def reserved_memory_kib(settings: HostSettings, total_kib: int) -> int:
+    """Memory kept for the host: as set, else 10% of RAM, at most 4 GiB."""
+    if settings.reserved_memory_mib is not None:
+        return settings.reserved_memory_mib * 1024
+    return min(4 * 1048576, total_kib // 10)
+
+
 def check_totals(
     facts: HostFacts, vms: list[VmSpec], plan: HostPlan, settings: HostSettings, reserved: list[int]
 ) -> None:
     total_kib = sum(n.memory_kib or 0 for n in facts.numa)
-    reserved_kib = (
-        settings.reserved_memory_mib * 1024
-        if settings.reserved_memory_mib is not None
-        else min(4 * 1048576, total_kib // 10)
-    )
+    reserved_kib = reserved_memory_kib(settings, total_kib)
     huge_kib = sum(v for sizes in _node_hugepages(facts).values() for v in sizes.values())
     normal_vms = [v for v in vms if plan.placements[v.name].hugepage_kib is None]
     want_kib = sum(v.memory_mib * 1024 for v in vms)
@@ -327,3 +348,72 @@ def check_totals(
                 "fewer vCPUs per VM, or fewer VMs",
             )
         )
+    check_nodes(facts, vms, plan, reserved_kib, total_kib)
+
+
+def check_nodes(facts: HostFacts, vms: list[VmSpec], plan: HostPlan, reserved_kib: int, total_kib: int) -> None:
+    """The memory each VM binds (strict) to a NUMA node, in list order, against that node's:
+    its MemTotal less its share of what is kept for the host (shared in proportion to the
+    nodes' memory: the host's own use is not bound to one node) and less its reserved
+    hugepages (VMs in hugepages are counted against those by :func:`place`). A VM that does
+    not fit is refused and takes nothing, so later VMs are judged on what the others take.
+    Only called when every node's memory was read (check_totals refuses on unknown)."""
+    hugepages = _node_hugepages(facts)
+    nodes: dict[int, dict[str, int]] = {}
+    for n in facts.numa:
+        memory = n.memory_kib or 0
+        nodes[n.node] = {
+            "memory": memory,
+            "reserved": reserved_kib * memory // total_kib,
+            "hugepages": sum(hugepages.get(n.node, {}).values()),
+            "vms": 0,
+        }
+    bound_to: dict[int, list[str]] = {}
+    for vm in vms:
+        placement = plan.placements[vm.name]
+        if placement.hugepage_kib is not None or vm.hugepages == "yes":
+            continue  # in hugepages, or refused for want of them: not in the node's normal pages
+        wants = [(c.node, c.memory_mib * 1024) for c in placement.cells]
+        if not wants and placement.node is not None:
+            wants = [(placement.node, vm.memory_mib * 1024)]
+        short = False
+        for node, kib in wants:
+            have = nodes.get(node)
+            if have is None:
+                continue  # a node the host lacks: refused by place()
+            left = have["memory"] - have["reserved"] - have["hugepages"] - have["vms"]
+            if kib <= left:
+                continue
+            short = True
+            earlier = bound_to.get(node, [])
+            cell = (
+                f" (its guest cell on it; its GPUs span nodes {[c.node for c in placement.cells]})"
+                if placement.cells
+                else ""
+            )
+            plan.refusals.append(
+                Refusal(
+                    f"VM {vm.name}: memory oversubscribed on NUMA node {node}: {_mib(kib)} bound there{cell}, "
+                    f"the node has {_mib(max(left, 0))} left ({_mib(have['memory'])}, {_mib(have['reserved'])} of it "
+                    f"kept for the host, {_mib(have['hugepages'])} reserved as hugepages, {_mib(have['vms'])} bound to "
+                    f"earlier VMs{' ' + ', '.join(earlier) if earlier else ''})",
+                    f"fewer or smaller VMs on node {node}, reserve fewer hugepages there, or place the VM on another "
+                    "node (numa_node)",
+                )
+            )
+        if short:
+            continue
+        for node, kib in wants:
+            if node in nodes:
+                nodes[node]["vms"] += kib
+                bound_to.setdefault(node, []).append(vm.name)
+    plan.resources["memory"]["nodes"] = [
+        {
+            "node": node,
+            "host_mib": have["memory"] // 1024,
+            "reserved_for_host_mib": have["reserved"] // 1024,
+            "hugepages_reserved_mib": have["hugepages"] // 1024,
+            "vms_bound_mib": have["vms"] // 1024,
+        }
+        for node, have in nodes.items()
+    ]
