@@ -40,16 +40,19 @@ def print_plan(report: dict[str, Any]) -> None:
         cpus = placement.get("cpus")
         hugepage = placement.get("hugepage_kib")
         node = placement.get("numa_node")
+        cells = placement.get("numa_cells") or []
         table.add_row(
             vm["name"],
             vm["state"],
             f"{vm['memory_mib']} MiB",
             str(vm["vcpus"]),
-            "-" if node is None else str(node),
-            "not pinned" if cpus is None else ",".join(map(str, cpus)),
+            "cells" if cells else "-" if node is None else str(node),
+            "not pinned" if cpus is None else "by cell" if cells else ",".join(map(str, cpus)),
             "no" if not hugepage else f"{hugepage} KiB",
-            "\n".join(devices) or "-",
+            "by cell" if cells else "\n".join(devices) or "-",
         )
+        for row in cell_rows(placement):
+            table.add_row(*row)
     console.print(table)
     memory = report["resources"].get("memory") or {}
     cpus = report["resources"].get("cpus") or {}
@@ -58,6 +61,14 @@ def print_plan(report: dict[str, Any]) -> None:
             f"memory: VMs {memory['vms_mib']} MiB ({memory['vms_in_hugepages_mib']} in hugepages) of the host's "
             f"{memory['host_mib']} MiB, {memory['reserved_for_host_mib']} MiB kept for the host, "
             f"{memory['hugepages_reserved_mib']} MiB reserved as hugepages",
+            highlight=False,
+        )
+    nodes = memory.get("nodes") or []
+    for node in nodes if len(nodes) > 1 else []:  # one node: the line above says it all
+        console.print(
+            f"  NUMA node {node['node']}: {node['vms_bound_mib']} MiB bound to VMs in normal pages of its "
+            f"{node['host_mib']} MiB, {node['reserved_for_host_mib']} MiB kept for the host, "
+            f"{node['hugepages_reserved_mib']} MiB reserved as hugepages",
             highlight=False,
         )
     if cpus:
@@ -77,6 +88,33 @@ def print_plan(report: dict[str, Any]) -> None:
         console.print(
             Text.assemble((f"{len(report['refusals'])} problem(s)", "red"), ": nothing may change until they are fixed")
         )
+
+
+def cell_rows(placement: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per guest NUMA cell of a VM split over its GPUs' host nodes: its host node, memory,
+    vCPUs and their host CPUs (``cpus`` lists them in cell order), and the GPUs behind its
+    expander bus."""
+    cpus = placement.get("cpus")
+    gpu_cells = placement.get("gpu_cells") or {}
+    rows = []
+    first = 0
+    for i, cell in enumerate(placement.get("numa_cells") or []):
+        mine = cpus[first : first + cell["vcpus"]] if cpus is not None else None
+        first += cell["vcpus"]
+        slots = [s for s in placement.get("pci_slots") or [] if any(gpu_cells.get(a) == i for a in s)]
+        rows.append(
+            (
+                f"  cell {i}",
+                "",
+                f"{cell['memory_mib']} MiB",
+                str(cell["vcpus"]),
+                str(cell["node"]),
+                "not pinned" if mine is None else ",".join(map(str, mine)),
+                "",
+                "\n".join(" + ".join(slot) for slot in slots) or "-",
+            )
+        )
+    return rows
 
 
 def input_problems(source: str, problems: list[Any]) -> str:
@@ -154,8 +192,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="check a host's VM list (GPUs, vGPUs, CPUs, memory) against the host; exit 3 on any problem",
         description="Check the VMs planned for a host against its facts before anything changes: devices "
         "given twice or not vfio-ready, mdev types and available instances, mixed vGPU types, host memory, "
-        "CPUs and hugepages oversubscribed. Prints every problem at once and where each VM would run "
-        "(NUMA node, pinned CPUs, hugepages). Read-only.",
+        "CPUs and hugepages oversubscribed (per NUMA node too). Prints every problem at once and where each VM "
+        "would run (NUMA node or guest cells, pinned CPUs, hugepages). Read-only.",
     )
     p.add_argument(
         "vms",
