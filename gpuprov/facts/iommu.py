@@ -192,8 +192,9 @@ def read_iommu_groups(
         )
         return groups
     unplaced = list(unplaced or [])
+    listed = set(names)  # a host with thousands of VFs has thousands of groups
     for number, addrs in known.items():
-        if number not in names:
+        if number not in listed:
             for addr in addrs:
                 note(
                     missing,
