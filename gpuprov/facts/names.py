@@ -212,8 +212,14 @@ def name_devices(sysfs: Sysfs, devices: dict[str, PciDevice]) -> str:
         table = load() if unnamed else None
         if table is None:
             continue
+        found: dict[tuple[int | None, int | None], tuple[str | None, str | None]] = {}
         for dev in unnamed:
-            vendor, device = table.lookup(dev.vendor_id, dev.device_id)
+            # A host's thousands of VFs share a few ids: each pair is looked up once.
+            ids = (dev.vendor_id, dev.device_id)
+            names = found.get(ids)
+            if names is None:
+                names = found[ids] = table.lookup(*ids)
+            vendor, device = names
             if vendor and (dev.vendor_name is None or device):
                 dev.vendor_name, dev.device_name = vendor, device
                 sources.add(name)
@@ -237,12 +243,12 @@ def product_names(sysfs: Sysfs, addresses: Iterable[str]) -> dict[str, str]:
             if colon and key.strip() == "Model" and value.strip():
                 found[address] = value.strip()
                 break
-    if not sysfs.live and wanted - set(found):
-        from .gpus import GpuQueryError, parse_smi_xml
+    text = sysfs.read(SMI_CAPTURE) if not sysfs.live and wanted - set(found) else None
+    if text:
+        from .gpus import GpuQueryError, parse_smi_xml  # only then: it imports subprocess and XML
 
-        text = sysfs.read(SMI_CAPTURE)
         try:
-            gpus = parse_smi_xml(text).gpus if text else []
+            gpus = parse_smi_xml(text).gpus
         except (GpuQueryError, ValueError, RecursionError):  # not nvidia-smi's XML: no names from it
             gpus = []
         for gpu in gpus:
