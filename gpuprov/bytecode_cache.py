@@ -17,12 +17,10 @@ never changes what runs.
 
 from __future__ import annotations
 
-import hashlib
 import marshal
 import os
 import stat
 import sys
-import tempfile
 import zipimport
 from contextlib import suppress
 from importlib.machinery import ModuleSpec
@@ -89,6 +87,8 @@ def read_entry(entry: str, header: bytes) -> CodeType | None:
 
 def write_entry(directory: str, entry: str, header: bytes, code: CodeType) -> None:
     """Write beside and rename (a reader sees an old entry or a whole new one); errors ignored."""
+    import tempfile  # here: only a zip's first run writes, and inspect starts faster without it
+
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     except OSError:
@@ -124,6 +124,8 @@ class Loader:
         return self.origin
 
     def get_code(self, fullname: str) -> CodeType:
+        import hashlib  # here: only a zip's modules are hashed, and inspect starts faster without it
+
         header = MAGIC_NUMBER + hashlib.sha256(self.source).digest()
         entry = os.path.join(self.directory, f"{fullname}.{MAGIC_NUMBER.hex()}.pyc")
         code = read_entry(entry, header)
