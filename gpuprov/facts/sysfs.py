@@ -27,6 +27,7 @@ read and followed inside the root, the directory then opened one component at a 
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import re
 import stat
@@ -61,6 +62,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY
 # A link itself, not followed (readlinkat of "" reads it).
 _LINK_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _SPECIAL = ("", ".", "..")
+_NAME = operator.attrgetter("name")
 
 
 def parse_int(text: str | None, base: int = 10) -> int | None:
@@ -234,7 +236,8 @@ class Sysfs:
                 return None
             # The kept descriptor itself: scandir reads a copy, and rewinds it when done.
             with os.scandir(found[0]) as entries:
-                kinds = {e.name: e for e in itertools.islice(entries, MAX_DIR_ENTRIES + 1)}
+                listed = list(itertools.islice(entries, MAX_DIR_ENTRIES + 1))
+            kinds = dict(zip(map(_NAME, listed), listed))  # no Python loop: thousands of listings
         except (OSError, ValueError):
             return None
         if len(kinds) > MAX_DIR_ENTRIES:
@@ -356,16 +359,22 @@ class Sysfs:
     def exists(self, rel: str) -> bool:
         if self.trace is not None:
             self.trace.append(("read", rel))
-        if not self._prefix:
-            return os.path.lexists(f"/{rel}")
-        head, _sep, name = rel.rpartition("/")
+        return self.kind(rel) != 0
+
+    def kind(self, rel: str) -> int:
+        """``stat.S_IFMT`` of ``rel`` itself (a final link is ``S_IFLNK``, not followed); 0 when
+        missing. No system call for an entry of a directory just listed (its d_type). Not traced:
+        a capture holds what the listing or read that follows names."""
         try:
+            if not self._prefix:
+                return stat.S_IFMT(os.lstat(f"/{rel}").st_mode)
+            head, _sep, name = rel.rpartition("/")
             if name in _SPECIAL:
-                return self._dir(rel) is not None
+                return 0 if self._dir(rel) is None else stat.S_IFDIR
             found = self._dir(head)
-            return found is not None and self._kind(found, name) != 0
+            return 0 if found is None else self._kind(found, name)
         except (OSError, ValueError):
-            return False
+            return 0
 
     def walk_files(self, rel: str) -> Iterator[str]:
         """Root-relative paths of the regular files below ``rel`` (no symlinks followed)."""
@@ -456,8 +465,21 @@ class Sysfs:
             raise ValueError("embedded null byte")
         open_in_root = self._open_in_root
         if open_in_root is not None:
+            head, _sep, name = rel.rpartition("/")
+            parent = self._fds.pop(head, None) if name not in _SPECIAL else None
             try:
-                fd = open_in_root(root, rel, _DIR_FLAGS)
+                if parent is None:
+                    fd = open_in_root(root, rel, _DIR_FLAGS)
+                else:
+                    self._fds[head] = parent  # kept as the newest: a bridge's directory outlives its devices'
+                    # One name in a directory already resolved, not followed: the kernel's walk in
+                    # the root, without ctypes. A link there (ELOOP, ENOTDIR) is left to openat2.
+                    try:
+                        fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+                    except FileNotFoundError:
+                        return None
+                    except OSError:
+                        fd = open_in_root(root, rel, _DIR_FLAGS)
             except OSError:
                 return None
             self._keep(rel, fd)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import socket
+import stat
 import struct
 from dataclasses import dataclass, field
 
@@ -122,8 +123,8 @@ def _device_path(sysfs: Sysfs, rel: str) -> str | None:
     """Where a class entry (sys/class/block/X, sys/class/net/X) leads: a real
     directory under sys/devices, or None when its link is broken or loops."""
     real = sysfs.resolve(rel)
-    # Still a link after resolving: it loops.
-    ok = real.startswith("sys/devices/") and sysfs.exists(real) and sysfs.readlink(real) is None
+    # Missing, or still a link after resolving (it loops): one lookup, by type.
+    ok = real.startswith("sys/devices/") and sysfs.kind(real) not in (0, stat.S_IFLNK)
     return real if ok else None
 
 
