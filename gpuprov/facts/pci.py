@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import stat
 from dataclasses import dataclass, field
 
 from .evidence import CHIPSET, DISPLAY, GROUPS, MissingEvidence, note
@@ -27,6 +28,8 @@ IORESOURCE_MEM_64 = 0x00100000
 # The ``resource`` file's first lines are the standard BARs 0-5 (then the ROM, the
 # SR-IOV VF BARs and bridge windows: not what a guest maps for this function).
 PCI_STD_BARS = 6
+# A BAR the kernel did not assign, as it writes it (64-bit: "0x%016llx 0x%016llx 0x%016llx").
+_UNASSIGNED = " ".join(["0x0000000000000000"] * 3)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ def bar_lines(text: str | None) -> list[PciBar | None]:
     BARs (all zero) are left out."""
     out: list[PciBar | None] = []
     for index, line in enumerate((text or "").splitlines()[:PCI_STD_BARS]):
+        if line == _UNASSIGNED:
+            continue  # most of them, on thousands of devices: no parsing
         parts = line.split()
         values = [parse_int(p, 16) for p in parts] if len(parts) == 3 else []
         if len(values) != 3 or None in values:
@@ -318,19 +323,30 @@ def read_pci_device(
     address: str,
     *,
     reset_method_shown: bool = True,
-    pf: PciDevice | None = None,
     missing: MissingEvidence | None = None,
 ) -> PciDevice:
     """One device's facts; every attribute a kernel may lack is optional.
-    What the safety rules need and cannot be read goes into ``missing``.
+    What the safety rules need and cannot be read goes into ``missing``."""
+    base = sysfs.resolve(f"{PCI_DEVICES}/{address}")
+    return _read_device(sysfs, address, base, sysfs.listdir(base), reset_method_shown, {}, missing)
 
-    A VF whose PF (``pf``) was read already takes the PF's link, NUMA node and
+
+def _read_device(
+    sysfs: Sysfs,
+    address: str,
+    base: str,
+    entries: list[str],
+    reset_method_shown: bool,
+    pfs: dict[str, PciDevice],
+    missing: MissingEvidence | None,
+) -> PciDevice:
+    """The device at ``base`` (root-relative, canonical), whose directory lists ``entries``.
+
+    A VF whose PF was read already (in ``pfs``) takes the PF's link, NUMA node and
     local CPUs: they are the PF's in the kernel too (a VF's own link fields are
     reserved), and a host with thousands of VFs is read in a third of the time.
     """
-    base = sysfs.resolve(f"{PCI_DEVICES}/{address}")
     rd = sysfs.read
-    entries = sysfs.listdir(base)
     ids = _uevent_ids(rd(f"{base}/uevent")) if "uevent" in entries else {}
 
     def hex_attr(name: str) -> int | None:
@@ -353,7 +369,8 @@ def read_pci_device(
         reset_methods = []  # hidden by the kernel: the device has no reset method
 
     physfn = sysfs.link_name(f"{base}/physfn") if "physfn" in entries else None
-    if pf is not None and physfn == pf.address:
+    pf = pfs.get(physfn) if physfn else None
+    if pf is not None:
         numa_node, local_cpulist, link = pf.numa_node, pf.local_cpulist, pf.link
     else:
         numa = parse_int(rd(f"{base}/numa_node"))
@@ -408,13 +425,24 @@ def read_pci_devices(sysfs: Sysfs, missing: MissingEvidence | None = None) -> di
     """Every PCI device the kernel lists, by full address, in address order."""
     devices: dict[str, PciDevice] = {}
     shown = kernel_shows_reset_method(sysfs)
-    pf: PciDevice | None = None  # the last PF seen; its VFs follow it in address order
-    for address in sysfs.listdir(PCI_DEVICES):
-        if PCI_ADDRESS_RE.match(address):
-            dev = read_pci_device(sysfs, address, reset_method_shown=shown, pf=pf, missing=missing)
-            devices[address] = dev
-            if dev.sriov_totalvfs:
-                pf = dev
+    pfs: dict[str, PciDevice] = {}  # a VF's PF has a lower address: read before it
+    # A device's directory, as its parent's listing shows it (a bridge's devices, a PF's VFs, are
+    # in the bridge's directory): no readlink of its sys/bus/pci/devices link. Every device the bus
+    # lists is still read, those no listing placed (on a root bus, behind VMD) through their link.
+    placed: dict[str, str] = {}
+    listed = [a for a in sysfs.listdir(PCI_DEVICES) if PCI_ADDRESS_RE.match(a)]
+    addresses = set(listed)
+    for address in listed:
+        base = placed.pop(address, None) or sysfs.resolve(f"{PCI_DEVICES}/{address}")
+        entries = sysfs.listdir(base)
+        dev = _read_device(sysfs, address, base, entries, shown, pfs, missing)
+        devices[address] = dev
+        if dev.sriov_totalvfs:
+            pfs[address] = dev
+        for name in addresses.intersection(entries):
+            # A real directory named as a device (never a link): the kernel's own layout.
+            if sysfs.kind(f"{base}/{name}") == stat.S_IFDIR:
+                placed[name] = f"{base}/{name}"
     # A PF's VFs, from each VF's physfn link (one readlink per VF, not two).
     for address, dev in devices.items():
         if dev.physfn in devices:
