@@ -128,3 +128,53 @@ def test_reset_method_absent_on_old_kernel_is_unknown(fake) -> None:
     fake.pci("0000:41:00.0", cls=0x030000, reset=None)
     dev = read_pci_devices(Sysfs(str(fake.finish())))["0000:41:00.0"]
     assert dev.reset_methods is None
+
+
+def _pci_dir(root: Path, rel: str, attrs: dict[str, str], links: dict[str, str] | None = None) -> None:
+    d = root / rel
+    d.mkdir(parents=True)
+    for name, text in attrs.items():
+        (d / name).write_text(text + "\n")
+    for name, target in (links or {}).items():
+        os.symlink(target, d / name)
+    bus = root / "sys/bus/pci/devices"
+    bus.mkdir(parents=True, exist_ok=True)
+    os.symlink(f"../../../{rel.removeprefix('sys/')}", bus / rel.rsplit("/", 1)[1])
+
+
+@pytest.mark.parametrize("openat2", [True, False])
+def test_devices_placed_by_listings_and_vfs_of_every_pf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, openat2: bool
+) -> None:
+    # Two PFs on one bus, each with a VF after the other PF in address order; a device on a bus no
+    # device's listing shows (behind VMD here) is still read, through its sys/bus/pci/devices link.
+    if not openat2:
+        monkeypatch.setenv("GPUPROV_NO_OPENAT2", "1")
+        monkeypatch.setattr("gpuprov.facts.openat2._state", {})
+    port = "sys/devices/pci0000:00/0000:00:01.0"
+    _pci_dir(tmp_path, port, {"uevent": "PCI_CLASS=60400\nPCI_ID=8086:1234"})
+    for fn, speed in (("0", "16.0 GT/s PCIe"), ("1", "8.0 GT/s PCIe")):
+        pf = {"sriov_totalvfs": "2", "current_link_speed": speed, "max_link_speed": speed, "numa_node": "1"}
+        _pci_dir(tmp_path, f"{port}/0000:01:00.{fn}", {"uevent": "PCI_CLASS=20000\nPCI_ID=15b3:101d", **pf})
+    reserved = {"current_link_speed": "Unknown", "max_link_speed": "Unknown", "numa_node": "-1"}
+    for vf, pf_fn in (("0000:01:00.2", "0"), ("0000:01:00.3", "1")):
+        attrs = {"uevent": "PCI_CLASS=20000\nPCI_ID=15b3:101e", **reserved}
+        _pci_dir(tmp_path, f"{port}/{vf}", attrs, {"physfn": f"../0000:01:00.{pf_fn}"})
+    vmd = "sys/devices/pci0000:00/0000:00:0e.0/pci10000:e0/10000:e0:00.0"
+    _pci_dir(tmp_path, vmd, {"uevent": "PCI_CLASS=10802\nPCI_ID=144d:a80a"})
+    s = Sysfs(str(tmp_path), trace=True)
+    devices = read_pci_devices(s)
+    assert list(devices) == [
+        "0000:00:01.0",
+        "0000:01:00.0",
+        "0000:01:00.1",
+        "0000:01:00.2",
+        "0000:01:00.3",
+        "10000:e0:00.0",
+    ]
+    assert devices["10000:e0:00.0"].sysfs_path == vmd and devices["0000:01:00.3"].parent == "0000:00:01.0"
+    for vf, pf_addr in (("0000:01:00.2", "0000:01:00.0"), ("0000:01:00.3", "0000:01:00.1")):
+        assert devices[vf].link == devices[pf_addr].link and devices[vf].numa_node == 1
+    assert devices["0000:01:00.0"].virtfns == ["0000:01:00.2"]
+    links = {rel for op, rel in s.trace or [] if op == "readlink" and rel.startswith("sys/bus/pci/devices/")}
+    assert links == {"sys/bus/pci/devices/0000:00:01.0", "sys/bus/pci/devices/10000:e0:00.0"}
