@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.plan import Refusal
-from ..facts.bootloader import MODULE_NAME
 from ..facts.iommu import kernel_param, kernel_split
 from .validate import Problems, pci_address
 
@@ -198,6 +197,8 @@ def trial_options(options: TrialOptions) -> tuple[TrialOptions, list[Refusal]]:
     """``options`` checked: the kernel arguments (:func:`argument_problem`), the kernel module names,
     the PCI addresses (:func:`gpuprov.inputs.validate.pci_address`) and the trial's ranges; every
     problem a refusal naming the option and the fix."""
+    from ..facts.bootloader import MODULE_NAME  # the trial's module: not imported by every cmdline reader
+
     refusals = argument_refusals("extra_args", options.extra_args)
     modules = [*options.vfio_modules, *([options.watchdog_module] if options.watchdog_module else [])]
     for name in modules:

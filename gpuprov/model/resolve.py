@@ -35,8 +35,6 @@ from ..facts.host import HostFacts
 from ..facts.pci import PciAddressError, normalize_address
 from ..inputs.declaration import NO_VERSION, OLD_FORM, ROOT, VGPU_USES, check, check_version, has_version
 from ..inputs.validate import shown
-from ..plan.vgpu.mdev import mdev_uuids
-from ..plan.vgpu.sriov import resolve_vgpu_type, vgpu_type_names
 from .host_model import DeclaredGpu, HostModel, Instance
 
 NVIDIA = 0x10DE
@@ -114,9 +112,11 @@ def host_settings(values: dict[str, Any], names: dict[str, str], model: HostMode
 
 def _convert_layouts(doc: dict[str, Any], model: HostModel) -> dict[str, Any]:
     """gpuprov_layouts given as a mig-parted or vgpu-device-manager file: its configs become layouts."""
+    layouts = doc.get("gpuprov_layouts")
+    if not layouts:  # none given (most hosts): the formats' parsers are not imported
+        return doc
     from . import formats
 
-    layouts = doc.get("gpuprov_layouts")
     if formats.is_mig_parted(layouts):
         converted, problems = formats.layouts_from_mig_parted(layouts)
     elif formats.is_vgpu_device_manager(layouts):
@@ -358,6 +358,10 @@ def _mdev_uuids(facts: HostFacts, model: HostModel) -> None:
     mdev_layout = {a: e for a, e in model.layout.items() if e["use"] == "mdev" and e["mdevs"]}
     if not mdev_layout:
         return
+    # vgpu_host's UUID scheme and its parsers, imported only where a GPU is declared use: mdev (the
+    # fleet report and the planners read every host; most declare no vGPU).
+    from ..plan.vgpu.mdev import mdev_uuids
+
     uuids, refusals = mdev_uuids(facts, mdev_layout)
     for r in refusals:  # named by the entry that declared the parent
         entry = model.declared.get(r.device or "", {}).get("entry")
@@ -379,6 +383,8 @@ def _vgpu_types(facts: HostFacts, model: HostModel) -> None:
     for gpu in model.gpus:
         if gpu.use != "sriov_vgpu":
             continue
+        from ..plan.vgpu.sriov import resolve_vgpu_type, vgpu_type_names  # only where a GPU is declared so
+
         offered_on = {a: vgpu_type_names(facts, a) for a in gpu.addresses}
         for inst in gpu.instances:
             offered = offered_on[inst.parent]
@@ -398,6 +404,8 @@ def _vgpu_types(facts: HostFacts, model: HostModel) -> None:
 
 
 def _vms(host: dict[str, Any], model: HostModel, cpu_limit: int | None) -> None:
+    if not host.get("vms") and host.get("vm_defaults") is None:
+        return  # no VMs: the VM list's checks have nothing to say (the fleet report reads many such hosts)
     from ..inputs.boundary import vm_list_problems
 
     by_gpu = {g.name: g for g in model.gpus}
