@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -134,3 +135,94 @@ def test_profile_keeps_long_tasks_of_ten_seconds_or_more() -> None:
     name = "gpuprov.kvm.gpu_vms : Bring each VM to its state (the whole list is checked against the host first)"
     text = f"TASKS RECAP ***\n{name} -- 12.35s\nshort --------------------- 1.00s\n"
     assert fleet.task_profile(text) == [(name, 12.35), ("short", 1.0)]
+
+
+def _run(seconds: float, cpu: float) -> Any:
+    return fleet.PlayRun(seconds, {"hosts": 1, "ok": 1, "changed": 0, "unreachable": 0, "failed": 0}, cpu=cpu)
+
+
+def test_fleet_table_puts_the_three_plays_of_one_run_side_by_side() -> None:
+    one = fleet.Point(1, 10, _run(2.0, 1.0), _run(3.0, 1.5), report=_run(2.5, 1.2))
+    # per host: facts (11 - 2) / 9 = 1.0, report (14.5 - 2.5) / 9 = 1.333, no-op (21 - 3) / 9 = 2.0
+    ten = fleet.Point(10, 10, _run(11.0, 10.0), _run(21.0, 19.5), report=_run(14.5, 11.1))
+    text = fleet.fleet_table([one, ten])
+    row = next(line for line in text.splitlines() if line.split()[:2] == ["10", "10"])
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[1] == "11.00/14.50/21.00"
+    assert cells[2] == "1.000/1.333/2.000"
+    assert cells[3] == "1.33/2.00"  # the report's and the no-op's marginal against the facts-only play's
+    assert cells[4] == "1.000/1.100/2.000"  # CPU: (10 - 1) / 9, (11.1 - 1.2) / 9, (19.5 - 1.5) / 9
+    assert cells[5] == "1.10/2.00"
+    # t(1) + 999 x marginal and t(1) + 9,999 x marginal, each play
+    assert cells[6] == "1,001/1,334/2,001"  # 2.5 + 999 x 1.3333 = 1,334.5
+    assert cells[7] == "10,001/13,334/20,001"
+    assert "NOT met (wall 1.33x, CPU 1.10x)" in fleet.verdict([one, ten])
+    met = fleet.Point(10, 10, _run(11.0, 10.0), _run(21.0, 19.5), report=_run(12.0, 10.2))
+    assert "at 10 hosts, forks 10: met" in fleet.verdict([one, met])
+
+
+def test_the_limit_takes_the_staged_hosts_and_the_lab_host() -> None:
+    assert fleet.host_limit(1, False) == "all[0:0]"
+    assert fleet.host_limit(50, True) == "all[0:49]:lab-gpu-host"
+
+
+def test_lab_arguments_add_the_lab_inventory_and_its_overrides() -> None:
+    assert fleet.lab_arguments({"running": True, "inventory_overrides": None}) == ["-i", str(REPO / "inventories/lab")]
+    overrides = {
+        "ansible_port": 2600,
+        "ansible_ssh_private_key_file": "/c/lab/id_ed25519",
+        "ansible_ssh_common_args": "-o UserKnownHostsFile=/c/lab/known_hosts -o IdentitiesOnly=yes",
+    }
+    args = fleet.lab_arguments({"running": True, "inventory_overrides": overrides})
+    assert args[:3] == ["-i", str(REPO / "inventories/lab"), "-e"]
+    assert json.loads(args[3]) == overrides
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"running": False, "inventory_overrides": None},
+        {"inventory_overrides": None},
+        {"running": "yes"},
+        {"running": True, "inventory_overrides": {"ansible_become_pass": "x"}},  # not the connection's
+        {"running": True, "inventory_overrides": ["ansible_port", 1]},
+        {"running": True, "inventory_overrides": {}},
+        {"running": True, "inventory_overrides": {"ansible_port": True}},
+        {"running": True, "inventory_overrides": {"ansible_port": {"a": 1}}},
+    ],
+)
+def test_lab_arguments_refuse_a_lab_not_running_or_odd_overrides(
+    status: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        fleet.lab_arguments(status)
+    assert exc.value.code == 2
+    assert "--lab" in capsys.readouterr().err
+
+
+def test_the_lab_arguments_build_an_inventory_with_the_lab_host_beside_the_staged_ones(tmp_path: Path) -> None:
+    """What ansible-inventory makes of the bench's inventory with --lab's arguments: the staged hosts
+    first (the -l slice), then the lab host with its host_vars and the overrides."""
+    inv = tmp_path / "inventory.yml"
+    inv.write_text(json.dumps(fleet.inventory([tmp_path / "r1", tmp_path / "r2"], "0000:01:00.0", sys.executable)))
+    lab = fleet.lab_arguments({"running": True, "inventory_overrides": {"ansible_port": 2600}})
+    env = {k: v for k, v in fleet._env().items() if k != "ANSIBLE_CALLBACKS_ENABLED"}
+    tool = fleet.PLAYBOOK.with_name("ansible-inventory")
+    limit = fleet.host_limit(2, True)
+    proc = subprocess.run(
+        [str(tool), "-i", str(inv), *lab, "-l", limit, "--list"], capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    listed = json.loads(proc.stdout)
+    hostvars = listed["_meta"]["hostvars"]
+    assert set(hostvars) == {"fleet0001", "fleet0002", fleet.LAB_HOST}
+    assert hostvars[fleet.LAB_HOST]["ansible_host"] == "127.0.0.1"
+    assert hostvars[fleet.LAB_HOST]["gpuprov_host"]["gpus"]  # its host_vars, read beside the inventory
+    assert "gpuprov_root" not in hostvars[fleet.LAB_HOST]  # read at its own /
+    assert hostvars["fleet0001"]["ansible_connection"] == "local"
+
+
+def test_the_run_says_whether_the_lab_host_is_in_it() -> None:
+    assert "NOT included" in fleet.lab_line(None)
+    said = fleet.lab_line(["-i", "inventories/lab"], "drifted")
+    assert "lab-gpu-host included" in said and "drifted" in said and "not of the no-op converge" in said

@@ -20,15 +20,24 @@ over the same hosts and forks, three plays are timed (``time.perf_counter`` arou
   real host's ``/dev/kmsg``; the run must find every host converged (else exit 1).
 
 Per forks it prints t(N), the ratio, the per-host marginal cost (t(N) - t(1)) / (N - 1) and
-the projection t(1) + 999 x marginal to 1,000 hosts; then the report against the facts-only
-play: its ratio and per-host marginal cost, projected to 1,000 and 10,000 hosts
-(docs/development/benchmarks.md; the goal: the report's per-host cost within 1.2x the
-facts-only play's). ``--lab`` adds the lab host (``python -m dev.lab up``) as a real member
-of the facts-only and report plays.
+the projection t(1) + 999 x marginal to 1,000 hosts; then the three plays of the same run side by
+side: t(N) of each, each one's per-host marginal cost (wall, and CPU: user + system of the run's
+processes, steadier on a shared machine), the report's and the no-op converge's marginal against
+the facts-only play's, and the projections to 1,000 and 10,000 hosts
+(docs/development/benchmarks.md); and whether the report met the goal of issue #30 (its per-host
+cost within 1.2x the facts-only play's) at the largest fleet measured. It says how long each
+size's runs took.
+
+``--lab`` adds the lab host (``python -m dev.lab up``, which this bench never starts or stops) as
+one real member, over SSH, of the facts-only and report plays: ``-i inventories/lab`` (its
+host_vars declare it) and the ``-e`` overrides ``python -m dev.lab status --json`` names. Not of
+the no-op converge, whose options name the staged roots. Every run says whether the lab host is
+in it.
 
     python dev/bench/fleet.py                          # 1, 10, 50, 200 hosts at forks 10 and 50
     python dev/bench/fleet.py --hosts 1,10 --forks 10
     python dev/bench/fleet.py --no-report              # the no-op figures alone, as before
+    python dev/bench/fleet.py --lab                    # the lab host as one more member
 """
 
 from __future__ import annotations
@@ -149,6 +158,7 @@ class PlayRun:
     recap: dict[str, int]
     profile: list[tuple[str, float]] = field(default_factory=list)
     cpu: float = float("nan")  # CPU seconds (user + system) of the run's processes: steadier than wall time under load
+    lab_status: str | None = None  # the lab host's status in the report (--lab)
 
 
 @dataclass
@@ -160,6 +170,7 @@ class Point:
     # The run these figures come from, when forks >= hosts made it the same as another forks.
     same_as_forks: int | None = None
     report: PlayRun | None = None  # the fleet report's play (None: --no-report)
+    took: float = 0.0  # wall seconds of this size's measured runs together
 
     @property
     def ratio(self) -> float:
@@ -318,14 +329,28 @@ def cpu_used() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def host_limit(hosts: int, lab: bool) -> str:
+    """``-l``: the first ``hosts`` staged hosts (the staged inventory comes first), and the lab host."""
+    return f"all[0:{hosts - 1}]" + (f":{LAB_HOST}" if lab else "")
+
+
 def play(
     playbook: Path, inv: Path, hosts: int, forks: int, env: dict[str, str], lab: list[str] | None = None
 ) -> PlayRun:
     """One timed run of ``playbook`` on the first ``hosts`` hosts of ``inv``; ``lab``: the lab
     host's ansible-playbook arguments (its inventory and overrides, :func:`lab_arguments`), one
     member more."""
-    limit = f"all[0:{hosts - 1}]" + (f":{LAB_HOST}" if lab else "")
-    cmd = [str(PLAYBOOK), "-i", str(inv), *(lab or []), "-f", str(forks), "-l", limit, str(playbook)]
+    cmd = [
+        str(PLAYBOOK),
+        "-i",
+        str(inv),
+        *(lab or []),
+        "-f",
+        str(forks),
+        "-l",
+        host_limit(hosts, bool(lab)),
+        str(playbook),
+    ]
     start, used = time.perf_counter(), cpu_used()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=REPO)
     seconds, used = time.perf_counter() - start, cpu_used() - used
@@ -341,7 +366,7 @@ def report_run(inv: Path, hosts: int, forks: int, env: dict[str, str], lab: list
     """One timed ``gpuprov fleet --json`` (the playbook gpuprov.kvm.fleet_report through the json
     callback, and the document put together) on the first ``hosts`` hosts; exit 1 unless every
     host is in the document, converged."""
-    limit = f"all[0:{hosts - 1}]" + (f":{LAB_HOST}" if lab else "")
+    limit = host_limit(hosts, bool(lab))
     # gpuprov fleet takes ansible-playbook's -i and -e: the lab's arguments as they are.
     cmd = [
         sys.executable,
@@ -368,64 +393,140 @@ def report_run(inv: Path, hosts: int, forks: int, env: dict[str, str], lab: list
             f"fleet.py: gpuprov fleet on {hosts} hosts failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
         ) from None
     want = hosts + (1 if lab else 0)
-    statuses = [h["status"] for h in document["hosts"]]
-    if proc.returncode != 0 or len(statuses) != want or set(statuses) != {"converged"}:
-        odd = [h for h in document["hosts"] if h["status"] != "converged"][:2]
-        raise SystemExit(f"fleet.py: the report on {want} hosts: {statuses.count('converged')} converged; e.g. {odd}")
+    records = {h["host"]: h for h in document.get("hosts") or []}
+    lab_record = records.pop(LAB_HOST, None) if lab else None
+    statuses = [h["status"] for h in records.values()]
+    if proc.returncode != 0 or len(statuses) != hosts or set(statuses) != {"converged"}:
+        odd = [h for h in records.values() if h["status"] != "converged"][:2]
+        raise SystemExit(
+            f"fleet.py: the report on {hosts} staged hosts: {statuses.count('converged')} converged; e.g. {odd}"
+        )
+    # The lab host is read as it is (drifted or not ready counts: it answered); one that gave no
+    # record is no member, and its figures would be a timeout's.
+    if lab and (lab_record is None or lab_record["status"] in ("unreachable", "failed")):
+        said = lab_record.get("message") if lab_record else "not in the document"
+        raise SystemExit(f"fleet.py: the lab host {LAB_HOST} gave no record in the report: {said}")
     recap = {"hosts": want, "ok": want, "changed": 0, "unreachable": 0, "failed": 0}
-    return PlayRun(seconds, recap, cpu=used)
+    return PlayRun(seconds, recap, cpu=used, lab_status=lab_record["status"] if lab_record else None)
 
 
-def lab_arguments() -> list[str]:
-    """The lab host as one more member: its inventory and the overrides ``python -m dev.lab status
-    --json`` names; exit 2 when the lab is not running (this bench never starts it)."""
+# What `python -m dev.lab status --json` may put in inventory_overrides (dev/lab/common.py): the
+# connection's variables, nothing else; any other key is refused, not passed on as -e.
+LAB_OVERRIDES = frozenset({"ansible_host", "ansible_port", "ansible_ssh_private_key_file", "ansible_ssh_common_args"})
+
+
+def lab_status() -> dict[str, Any]:
+    """``python -m dev.lab status --json`` (this bench never starts or stops the lab)."""
     out = subprocess.run(
-        [sys.executable, "-m", "dev.lab", "status", "--json"], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "dev.lab", "status", "--json"], capture_output=True, text=True, cwd=REPO, check=False
     )
     try:
         status = json.loads(out.stdout)
     except ValueError:
         refuse("--lab: python -m dev.lab status --json printed no JSON")
-    if not status.get("running"):
+    if not isinstance(status, dict):
+        refuse("--lab: python -m dev.lab status --json printed no JSON object")
+    return status
+
+
+def lab_arguments(status: dict[str, Any]) -> list[str]:
+    """The lab host as one more member, from ``status`` (:func:`lab_status`): its inventory, and
+    the overrides it names as ``-e`` JSON; exit 2 when the lab is not running or the overrides are
+    anything but the connection's variables."""
+    if status.get("running") is not True:
         refuse("--lab: the lab host is not running: start it with `python -m dev.lab up`")
-    overrides = status.get("inventory_overrides") or {}
-    return ["-i", str(LAB_INVENTORY), *(["-e", json.dumps(overrides)] if overrides else [])]
+    overrides = status.get("inventory_overrides")
+    if overrides is None:
+        return ["-i", str(LAB_INVENTORY)]
+    if not isinstance(overrides, dict) or not overrides or not set(overrides) <= LAB_OVERRIDES:
+        refuse(f"--lab: inventory_overrides {overrides!r}: expected a mapping of {', '.join(sorted(LAB_OVERRIDES))}")
+    for key, value in overrides.items():
+        if not isinstance(value, str | int) or isinstance(value, bool):
+            refuse(f"--lab: inventory_overrides.{key} {value!r}: expected a string or a port number")
+    return ["-i", str(LAB_INVENTORY), "-e", json.dumps(overrides, sort_keys=True)]
 
 
-def report_table(points: list[Point]) -> str:
-    """The report against the facts-only play: t(N) of each, the ratio, each one's per-host marginal
-    cost (wall and CPU) and their ratio (the goal: at most REPORT_GOAL), and the projections of the
-    wall times to FLEET_SIZES hosts."""
-    sizes = "".join(f" {'facts @' + f'{n:,}':>14} {'report @' + f'{n:,}':>15}" for n in FLEET_SIZES)
+def lab_line(lab: list[str] | None, lab_status: str | None = None) -> str:
+    """Whether the lab host is in the figures: said on every run, included or not."""
+    if not lab:
+        return (
+            f"lab host: NOT included (every member is a staged root, ansible_connection local; "
+            f"--lab adds {LAB_HOST}, with python -m dev.lab up running)"
+        )
+    status = f", its report status {lab_status}" if lab_status else ""
+    return (
+        f"lab host: {LAB_HOST} included (ssh, inventories/lab) as one more member of the facts-only and report "
+        f"plays{status}; not of the no-op converge (its options name the staged roots)"
+    )
+
+
+PLAYS = (("facts", "facts"), ("report", "report"), ("no-op", "noop"))
+
+
+def fleet_table(points: list[Point]) -> str:
+    """The three plays of one run side by side: t(N) of each; each one's per-host marginal cost
+    (t(N) - t(1)) / (N - 1), wall and CPU; the report's and the no-op converge's marginal against the
+    facts-only play's (the issue's goal for the report: at most REPORT_GOAL); and the projections
+    t(1) + (n - 1) x marginal to FLEET_SIZES hosts."""
+    wide = 6 + 8 * 3
     head = (
-        f"{'hosts':>5} {'forks':>5} {'facts s':>8} {'report s':>8} {'ratio':>6} {'facts s/host':>12}"
-        f" {'report s/host':>13} {'marginal ratio':>14} {'CPU s/host f/r':>15} {'CPU ratio':>9}{sizes}"
+        f"{'hosts':>5} {'forks':>5} | {'t(N) s facts/report/no-op':>{wide - 5}} | {'s/host facts/report/no-op':>23}"
+        f" | {'ratio r/n':>11} | {'CPU s/host f/r/n':>17} | {'CPU r/n':>9}"
+        + "".join(f" | {'@' + f'{n:,}' + ' s f/r/n':>20}" for n in FLEET_SIZES)
     )
     rows = [head, "-" * len(head)]
-    one = {p.forks: p for p in points if p.hosts == 1 and p.report}
+    one = {p.forks: p for p in points if p.hosts == 1}
     for p in points:
-        if p.report is None:
-            continue
         base = one.get(p.forks)
-        if base is None or base.report is None:
+        if base is None or p.report is None or base.report is None:
             continue
-        mf = marginal(p.facts.seconds, base.facts.seconds, p.hosts)
-        mr = marginal(p.report.seconds, base.report.seconds, p.hosts)
-        cf = marginal(p.facts.cpu, base.facts.cpu, p.hosts)
-        cr = marginal(p.report.cpu, base.report.cpu, p.hosts)
-        ratio = p.report.seconds / p.facts.seconds if p.facts.seconds else float("nan")
-        cells = ""
+        runs = [(getattr(p, attr), getattr(base, attr)) for _label, attr in PLAYS]
+        wall = [marginal(r.seconds, b.seconds, p.hosts) for r, b in runs]
+        cpu = [marginal(r.cpu, b.cpu, p.hosts) for r, b in runs]
+        cells = [
+            "/".join(f"{r.seconds:.2f}" for r, _b in runs),
+            "/".join(_short(m, 3) for m in wall),
+            f"{_short(_div(wall[1], wall[0]), 2)}/{_short(_div(wall[2], wall[0]), 2)}",
+            "/".join(_short(m, 3) for m in cpu),
+            f"{_short(_div(cpu[1], cpu[0]), 2)}/{_short(_div(cpu[2], cpu[0]), 2)}",
+        ]
         for n in FLEET_SIZES:
-            pf, pr = projection(base.facts.seconds, mf, n), projection(base.report.seconds, mr, n)
-            cells += f" {_fmt(pf, 14, 0)} {_fmt(pr, 15, 0)}"
-        cpu = "-" if cf != cf else f"{cf:.3f}/{cr:.3f}"
+            cells.append(
+                "/".join(_short(projection(b.seconds, m, n), 0) for (_r, b), m in zip(runs, wall, strict=True))
+            )
         note = f"  (same run as forks {p.same_as_forks})" if p.same_as_forks else ""
+        widths = [wide - 5, 23, 11, 17, 9] + [20] * len(FLEET_SIZES)
         rows.append(
-            f"{p.hosts:>5} {p.forks:>5} {p.facts.seconds:>8.2f} {p.report.seconds:>8.2f} {_fmt(ratio, 6)}"
-            f" {_fmt(mf, 12, 3)} {_fmt(mr, 13, 3)} {_fmt(_div(mr, mf), 14)} {cpu:>15} {_fmt(_div(cr, cf), 9)}"
-            f"{cells}{note}"
+            f"{p.hosts:>5} {p.forks:>5} | " + " | ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)) + note
         )
     return "\n".join(rows)
+
+
+def verdict(points: list[Point]) -> str:
+    """Whether the report met the goal at the largest fleet measured, per forks (wall and CPU)."""
+    lines = []
+    for forks in sorted({p.forks for p in points}):
+        base = next((p for p in points if p.forks == forks and p.hosts == 1), None)
+        big = max((p for p in points if p.forks == forks and p.report), key=lambda p: p.hosts, default=None)
+        if base is None or big is None or big.hosts == 1 or base.report is None or big.report is None:
+            continue
+        wall = _div(
+            marginal(big.report.seconds, base.report.seconds, big.hosts),
+            marginal(big.facts.seconds, base.facts.seconds, big.hosts),
+        )
+        cpu = _div(
+            marginal(big.report.cpu, base.report.cpu, big.hosts), marginal(big.facts.cpu, base.facts.cpu, big.hosts)
+        )
+        met = "met" if wall <= REPORT_GOAL and cpu <= REPORT_GOAL else "NOT met"
+        lines.append(
+            f"goal (report per host <= {REPORT_GOAL}x facts-only) at {big.hosts} hosts, forks {forks}: {met}"
+            f" (wall {_short(wall, 2)}x, CPU {_short(cpu, 2)}x)"
+        )
+    return "\n".join(lines)
+
+
+def _short(x: float, digits: int) -> str:
+    return "-" if x != x else f"{x:,.{digits}f}" if digits == 0 else f"{x:.{digits}f}"
 
 
 def _div(a: float, b: float) -> float:
@@ -495,7 +596,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{PLAYBOOK} not found: install the test extra (ansible-core)")
     if a.kernel_log_kib < 0:
         refuse(f"--kernel-log-kib {a.kernel_log_kib}: give a size in KiB, 0 for none")
-    lab = lab_arguments() if a.lab else None
+    lab = lab_arguments(lab_status()) if a.lab else None
+    print(lab_line(lab), file=sys.stderr)
 
     built = subprocess.run(
         [sys.executable, str(REPO / "dev" / "tools" / "build_collection.py")],
@@ -510,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     points: list[Point] = []
     try:
+        began = time.perf_counter()
         roots = stage(a.capture, work / "roots", sizes[-1], gpu if a.report else None, a.kernel_log_kib)
         inv = work / "inventory.yml"  # JSON is YAML: the yaml inventory plugin reads it
         inv.write_text(json.dumps(inventory(roots, gpu, sys.executable), indent=1))
@@ -519,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"converging {sizes[-1]} staged roots once (not measured) ...", file=sys.stderr)
         play(converge_pb, inv, sizes[-1], max(forks_list), env)
+        setup = time.perf_counter() - began
         done: dict[tuple[int, int], Point] = {}
         for forks in forks_list:
             for n in sizes:
@@ -529,10 +633,11 @@ def main(argv: list[str] | None = None) -> int:
                     points.append(Point(n, forks, d.facts, d.noop, same_as_forks=d.forks, report=d.report))
                     continue
                 print(f"{n} hosts, forks {forks} ...", file=sys.stderr)
+                began = time.perf_counter()
                 facts = play(facts_pb, inv, n, forks, env, lab)
                 noop = play(converge_pb, inv, n, forks, env)
                 report = report_run(inv, n, forks, env, lab) if a.report else None
-                point = Point(n, forks, facts, noop, report=report)
+                point = Point(n, forks, facts, noop, report=report, took=time.perf_counter() - began)
                 done[key] = point
                 points.append(point)
                 problem = not_a_noop(noop, n)
@@ -548,16 +653,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} cores, load average {load:.2f} (1 min, at the end); {_ansible_version(env)}")
     python = sys.version.split()[0]
     print(f"capture {a.capture.name}, GPU {gpu} declared passthrough; connection local; Python {python}")
-    if lab:
-        print(f"the lab host {LAB_HOST} is one more member of the facts-only and report plays (ssh)")
+    lab_report = next((pt.report.lab_status for pt in points if pt.report and pt.report.lab_status), None)
+    print(lab_line(lab, lab_report))
+    measured = [pt for pt in points if not pt.same_as_forks]
+    took = ", ".join(f"{pt.hosts} hosts forks {pt.forks} {pt.took:.0f} s" for pt in measured)
+    print(f"wall time: staging and the unmeasured converge {setup:.0f} s; the three plays per size: {took}")
     print(table(points))
     if a.report:
         print(
-            f"\nthe fleet report (gpuprov fleet --json, every host converged; kernel log {a.kernel_log_kib} KiB a host)"
+            f"\nfacts-only / fleet report (gpuprov fleet --json, every staged host converged; kernel log "
+            f"{a.kernel_log_kib} KiB a host) / no-op converge, one run each, same hosts and forks; ratio and CPU: "
+            f"the report's and the no-op's per-host marginal against the facts-only play's (goal for the report: "
+            f"<= {REPORT_GOAL}); @N: t(1) + (N - 1) x marginal:"
         )
-        print(f"against the facts-only play (goal: marginal ratio <= {REPORT_GOAL}):")
-        print(report_table(points))
-    measured = [pt for pt in points if not pt.same_as_forks]
+        print(fleet_table(points))
+        print(verdict(points))
     changed = sum(pt.noop.recap["changed"] for pt in measured)
     results = sum(pt.noop.recap["ok"] for pt in measured)
     print(f"no-op runs: changed={changed} over {results} task results ({len(measured)} measured runs)")
