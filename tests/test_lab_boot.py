@@ -54,6 +54,28 @@ def test_qemu_has_the_i6300esb_watchdog_resetting_and_keeps_every_pci_address(tm
     assert any(q.startswith(f"unix:{tmp_path}/lab/run/{boot.QMP_EVENTS},") for q in qmps)
 
 
+def test_the_lab_host_has_two_numa_nodes_each_with_a_large_bar_device_on_its_expander(tmp_path: Path) -> None:
+    """Issue #29's lab shape: what inventories/lab declares (the large-BAR devices by address) and
+    what the OVMFs must place (BARs together over OVMF's default 64-bit window) follow from it."""
+    import yaml
+
+    from gpuprov.plan.vm.domain import OVMF_DEFAULT_MMIO64_MIB
+
+    argv = boot.qemu_argv(tmp_path, tmp_path / "img", 2622)
+    assert option(argv, "-smp") == ["4"]
+    assert option(argv, "-numa") == ["node,nodeid=0,cpus=0-1,memdev=ram0", "node,nodeid=1,cpus=2-3,memdev=ram1"]
+    assert option(argv, "-m") == [str(sum(boot.NODE_MEMORY_MIB))]
+    devs = devices(argv)
+    for node, bus in enumerate(boot.LARGE_BAR_BUS):
+        assert f"pxb-pcie,id=pxb{node},bus_nr={bus},numa_node={node},bus=pcie.0,addr={0x8 + node:#x}" in devs
+        assert f"pci-testdev,membar={boot.LARGE_BAR_GIB}G,bus=rpn{node}" in devs
+    assert len(boot.LARGE_BAR_BUS) * boot.LARGE_BAR_GIB * 1024 > OVMF_DEFAULT_MMIO64_MIB
+    assert boot.HOST_MMIO64_MIB >= 2 * len(boot.LARGE_BAR_BUS) * boot.LARGE_BAR_GIB * 1024
+    host_vars = yaml.safe_load((Path(__file__).parents[1] / "inventories/lab/host_vars/lab-gpu-host.yml").read_text())
+    declared = {g["address"] for g in host_vars["gpuprov_host"]["gpus"] if g.get("expect") == "1b36:0005"}
+    assert declared == {f"0000:{bus + 1:02x}:00.0" for bus in boot.LARGE_BAR_BUS}
+
+
 def test_grubs_esp_stays_read_only_and_systemd_boots_is_a_writable_overlay(tmp_path: Path) -> None:
     grub = option(boot.qemu_argv(tmp_path, tmp_path / "img", 2622, "grub"), "-drive")
     sdboot = option(boot.qemu_argv(tmp_path, tmp_path / "img", 2622, "systemd-boot"), "-drive")

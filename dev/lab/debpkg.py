@@ -158,7 +158,7 @@ def build_mtty(kver: str, ko: Path, debs: Path) -> Path:
 # The emulated GPU host both the lab and dev/emuhost boot: q35 with an Intel
 # IOMMU (interrupt remapping needs the split irqchip), TCG (KVM hangs on these
 # machines), an Intel CPU without the hypervisor bit to match the IOMMU and look
-# like bare metal (TCG has no VT-x), 2 vCPUs.
+# like bare metal (TCG has no VT-x). The vCPUs and memory are each user's (the lab: two NUMA nodes).
 QEMU_HOST = [
     "qemu-system-x86_64",
     "-machine",
@@ -169,6 +169,4 @@ QEMU_HOST = [
     "Nehalem,-hypervisor",
     "-device",
     "intel-iommu,intremap=on,caching-mode=on",
-    "-smp",
-    "2",
 ]

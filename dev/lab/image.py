@@ -138,9 +138,13 @@ NESTED_INITRD = "var/lib/libvirt/boot/gpuprov-nested-initrd.img"
 # PCI list from /vmlinuz in a converge, 185 s from the vmlinux; the boot arguments in
 # inventories/lab take it to 136 s).
 NESTED_KERNEL = "var/lib/libvirt/boot/gpuprov-nested-vmlinux"
+# The same kernel as Debian ships it (a bzImage with its EFI stub) for a nested guest on OVMF,
+# which boots no bare ELF: inventories/lab's multi-GPU VM, whose 64-bit MMIO window only OVMF sizes.
+NESTED_EFI_KERNEL = "var/lib/libvirt/boot/gpuprov-nested-vmlinuz"
 XZ_MAGIC = b"\xfd7zXZ\x00"
 NESTED_MODULES = ["kernel/drivers/input/evdev.ko", "kernel/drivers/acpi/button.ko"]
 NESTED_BEGIN, NESTED_END = "GPUPROV-NESTED-BEGIN", "GPUPROV-NESTED-END"
+NESTED_DETAIL = "GPUPROV-NESTED-DETAIL"
 NESTED_INIT = f"""\
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -148,6 +152,20 @@ export PATH=/bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+# What a multi-GPU guest is checked on (issue #29), before the PCI list: each device's NUMA node
+# and assigned BARs (sysfs resource: start end flags, unassigned ones all zero), each node's CPUs,
+# and the kernel's complaints about BARs it could not place.
+echo {NESTED_DETAIL}
+for d in /sys/bus/pci/devices/*; do
+  read -r n < "$d/numa_node"; echo "NUMA ${{d##*/}} $n"
+  i=0
+  while read -r start end flags; do
+    [ "$flags" = 0x0000000000000000 ] || echo "BAR ${{d##*/}} $i $start $end $flags"
+    i=$((i + 1))
+  done < "$d/resource"
+done
+for n in /sys/devices/system/node/node*; do echo "NODE ${{n##*/node}} $(cat "$n/cpulist")"; done
+dmesg | grep -E "can't assign|no space for|failed to assign" | sed 's/^/KLOG /'
 echo {NESTED_BEGIN}
 for d in /sys/bus/pci/devices/*; do
   read -r v < "$d/vendor"; read -r p < "$d/device"; read -r c < "$d/class"
@@ -205,7 +223,9 @@ def vmlinux_of(bzimage: bytes) -> bytes:
 
 
 def build_nested_kernel(root: Path, kver: str) -> None:
-    put(root, NESTED_KERNEL, vmlinux_of((root / "boot" / f"vmlinuz-{kver}").read_bytes()))
+    bzimage = (root / "boot" / f"vmlinuz-{kver}").read_bytes()
+    put(root, NESTED_KERNEL, vmlinux_of(bzimage))
+    put(root, NESTED_EFI_KERNEL, bzimage)
 
 
 def build_nested_initrd(root: Path, kver: str, busybox_deb: Path) -> None:
