@@ -3,14 +3,18 @@ edu A and edu B (+ its HD-audio function) on vfio-pci with /dev/vfio groups,
 edu C refused (its IOMMU group holds the NIC with the default route), the mtty
 mdev made and defined for boot by the vGPU role, and the nested guest (TCG in
 TCG) running with edu A and that mdev: it lists both on its serial console, and
-libvirt and QEMU hold both. Then the mdev's lifecycle: removing it while the
-running guest uses it is refused, it and the bindings come back after a reboot,
-and once the guest is off the vGPU role removes it (and then changes nothing).
+libvirt and QEMU hold both. The multi-GPU VM (issue #29): gpuprov's CLI on the lab host shows
+its two NUMA nodes, and the guest given a 32 GiB-BAR device from each node shows every BAR
+placed and each device on the guest cell the plan chose. Then the mdev's lifecycle: removing it
+while the running guest uses it is refused, it and the bindings come back after a reboot,
+the multi-GPU VM without its MMIO window fails in its guest, and once the guest is off the
+vGPU role removes the mdev (and then changes nothing).
 
 Addresses (inventories/lab/host_vars/lab-gpu-host.yml, QEMU topology in
 dev/lab/boot.py): edu A 0000:01:00.0 alone behind a root port; edu B 0000:02:00.0
 with HD audio 0000:02:00.1 behind another; edu C 0000:04:01.0 and the e1000
-0000:04:02.0 behind the PCIe-to-PCI bridge 0000:03:00.0. The tests run in file
+0000:04:02.0 behind the PCIe-to-PCI bridge 0000:03:00.0; the pci-testdev devices 0000:21:00.0
+(node 0) and 0000:31:00.0 (node 1), each behind its node's expander bus. The tests run in file
 order: a run killed during the vfio bind and then during the VM's creation (rerun: the
 state of the uninterrupted run), the refusals, the reboot and the removal come last.
 """
@@ -23,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -39,8 +44,10 @@ run_converge = _conftest.run_converge
 converge_killed_in = _conftest.converge_killed_in
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from dev.lab.boot import POWER_CYCLE, RESET_BY_LAB  # noqa: E402
+from dev.lab.boot import LARGE_BAR_BUS, LARGE_BAR_GIB, POWER_CYCLE, RESET_BY_LAB, read_state, ssh_argv  # noqa: E402
 from dev.lab.common import lab_dir  # noqa: E402
+from dev.lab.image import NESTED_BEGIN, NESTED_DETAIL  # noqa: E402
+from gpuprov.facts.numa import parse_cpulist  # noqa: E402
 
 EDU_A, EDU_B, AUDIO_B = "0000:01:00.0", "0000:02:00.0", "0000:02:00.1"
 EDU_C, NIC, BRIDGE = "0000:04:01.0", "0000:04:02.0", "0000:03:00.0"
@@ -53,7 +60,14 @@ EDU_IDS = "1234:11e8"
 # The vGPU role alone, with the mdev dropped (-e replaces the layout the host model derives).
 VGPU_PLAY = Path(__file__).resolve().parents[1] / "vgpu.yml"
 NO_MDEV = {"vgpu_host_gpus": {"mtty": {"use": "mdev", "mdevs": []}}}
-BOUND = [EDU_A, EDU_B, AUDIO_B]
+# Issue #29: a pci-testdev with a 32 GiB BAR on each of the lab host's two NUMA nodes, behind
+# a root port on the node's own expander bus; the VM lab-multi is given both.
+LARGE_BARS = {f"0000:{bus + 1:02x}:00.0": node for node, bus in enumerate(LARGE_BAR_BUS)}  # address -> node
+TESTDEV_IDS = "1b36:0005"
+MULTI = "lab-multi"
+REPO = Path(__file__).resolve().parents[3]
+HOST_VARS = REPO / "inventories/lab/host_vars/lab-gpu-host.yml"
+BOUND = [EDU_A, EDU_B, AUDIO_B, *LARGE_BARS]
 HOST_DRIVERS = {EDU_C: None, NIC: "e1000"}
 MANAGED = [
     "/etc/udev/rules.d/61-gpuprov-vfio.rules",
@@ -118,6 +132,70 @@ def nested_pci(host) -> list[str]:
     block = re.search(r"^GPUPROV-NESTED-BEGIN\n(.*?)^GPUPROV-NESTED-END$", log, re.M | re.S)
     assert block, log
     return block.group(1).splitlines()
+
+
+def serial_log(host, vm: str) -> str:
+    return host.file(f"/var/log/libvirt/qemu/{vm}-serial.log").content_string.replace("\r\n", "\n")
+
+
+def guest_view(log: str) -> dict:
+    """What the nested guest's /init printed before its PCI list (dev/lab/image.py NESTED_INIT):
+    {"numa": {address: node}, "bars": {address: {index: (start, end, flags)}}, "nodes": {node: cpulist},
+    "klog": [the kernel's complaints about BARs it could not place]}."""
+    block = re.search(rf"^{NESTED_DETAIL}\n(.*?)^{NESTED_BEGIN}$", log, re.M | re.S)
+    assert block, log[-3000:]
+    view: dict = {"numa": {}, "bars": {}, "nodes": {}, "klog": []}
+    for line in block.group(1).splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "NUMA":
+            addr, node = rest.split()
+            view["numa"][addr] = int(node)
+        elif kind == "BAR":
+            addr, index, start, end, flags = rest.split()
+            view["bars"].setdefault(addr, {})[int(index)] = (int(start, 16), int(end, 16), int(flags, 16))
+        elif kind == "NODE":
+            node, cpulist = rest.split()
+            view["nodes"][int(node)] = cpulist
+        elif kind == "KLOG":
+            view["klog"].append(rest)
+    return view
+
+
+@pytest.fixture(scope="module")
+def lab_cli():
+    """gpuprov's own CLI on the lab host, as a user runs it there: this checkout's gpuprov and its
+    pure-Python dependencies (rich, PyYAML, pyudev) copied to /tmp/gpuprov-cli with the lab's
+    host_vars; returns a runner: its output (stdout), the command failing the test on an error."""
+    import importlib.util
+    import io
+    import tarfile
+
+    def no_bytecode(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if "__pycache__" in info.name else info
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(REPO / "gpuprov", "gpuprov", filter=no_bytecode)
+        for name in ("rich", "pygments", "markdown_it", "mdurl", "yaml", "pyudev"):
+            spec = importlib.util.find_spec(name)
+            assert spec and spec.submodule_search_locations, name
+            tar.add(
+                next(iter(spec.submodule_search_locations)),
+                name,
+                filter=lambda t: None if "__pycache__" in t.name else t,
+            )
+        tar.add(HOST_VARS, "lab-gpu-host.yml")
+    ssh = ssh_argv(lab_dir(), int(read_state(lab_dir())["port"]))
+    cmd = "rm -rf /tmp/gpuprov-cli && mkdir /tmp/gpuprov-cli && tar xz -C /tmp/gpuprov-cli"
+    subprocess.run([*ssh, cmd], input=buf.getvalue(), check=True, timeout=120)
+
+    def run(*args: str) -> str:
+        line = " ".join(["cd /tmp/gpuprov-cli && LC_ALL=C.UTF-8 COLUMNS=200 python3 -m gpuprov", *args])
+        out = subprocess.run([*ssh, line], capture_output=True, text=True, timeout=300, check=False)
+        assert out.returncode == 0, f"gpuprov {' '.join(args)}: rc {out.returncode}\n{out.stdout}\n{out.stderr}"
+        return out.stdout
+
+    return run
 
 
 def mdev_state(host) -> str:
@@ -217,6 +295,69 @@ def test_libvirt_and_qemu_hold_edu_a_and_the_mdev(host):
     mdev_group = os.path.basename(host.check_output("readlink /sys/bus/mdev/devices/%s/iommu_group", MDEV))
     for vfio_group in (group(host, EDU_A), mdev_group):
         assert f"/dev/vfio/{vfio_group}" in fds.split(), fds
+
+
+def test_inspect_and_topology_show_the_lab_hosts_two_nodes(lab_cli):
+    """Issue #29: the lab host's two NUMA nodes and what sits on each, as gpuprov reads them there."""
+    report = json.loads(lab_cli("inspect", "--json", "--all"))
+    nodes = {n["node"]: n["cpulist"] for n in report["numa"]}
+    assert nodes == {0: "0-1", 1: "2-3"}, report["numa"]
+    devices = {d["address"]: d for d in report["pci_devices"]}
+    assert {a: devices[a]["numa_node"] for a in LARGE_BARS} == LARGE_BARS, devices
+    devices_args = [f"--device {a}" for a in LARGE_BARS]
+    table = lab_cli("inspect", *devices_args)
+    for addr, node in LARGE_BARS.items():
+        assert re.search(rf"^{addr} .*\n.*\bNUMA node {node}\b", table, re.M), table
+    # The tree: each node with its CPUs, and under it the root bus, port and device on that node.
+    tree = lab_cli("topology", *devices_args)
+    at = {addr: tree.index(f"GPU {addr} ") for addr in LARGE_BARS}
+    node0, node1 = tree.index("NUMA node 0 (CPUs 0-1)"), tree.index("NUMA node 1 (CPUs 2-3)")
+    assert node0 < at["0000:21:00.0"] < node1 < at["0000:31:00.0"], tree
+
+
+def test_the_multi_gpu_guest_sees_each_device_on_the_cell_the_plan_chose(host, lab_cli):
+    """Issue #29: the VM given a 32 GiB-BAR device on each host node boots (OVMF, its 64-bit window
+    sized from the BARs) and its guest shows, from its own sysfs and kernel log: every BAR assigned,
+    none the kernel could not place, each device on the guest NUMA cell the plan put it on, and
+    that cell's vCPUs pinned to host CPUs of the device's own node."""
+    plan = json.loads(lab_cli("plan", "--json", "lab-gpu-host.yml"))
+    placement = next(vm["placement"] for vm in plan["vms"] if vm["name"] == MULTI)
+    assert [c["node"] for c in placement["numa_cells"]] == [0, 1], placement
+    assert placement["gpu_cells"] == {a: n for a, n in LARGE_BARS.items()}, placement
+    guest = guest_view(serial_log(host, MULTI))
+    assert guest["klog"] == [], guest["klog"]
+    xml = host.check_output("virsh -c qemu:///system dumpxml %s", MULTI)
+    domain = ET.fromstring(xml)
+    # The window the plan sized: 2 x 32 GiB, largest first, a quarter more, a power of two: 128 GiB.
+    assert "name=opt/ovmf/X-PciMmio64Mb,string=131072" in xml, xml
+    assert placement["mmio64_mib"] == 131072, placement
+    controllers = {c.get("index"): c for c in domain.iter("controller") if c.get("type") == "pci"}
+    vcpupin = {int(p.get("vcpu")): p.get("cpuset") for p in domain.iter("vcpupin")}
+    guest_cells = {int(c.get("id")): c.get("cpus") for c in domain.find("cpu/numa").iter("cell")}
+    for hostdev in domain.iter("hostdev"):
+        source = hostdev.find("source/address")
+        host_addr = "0000:{:02x}:{:02x}.{}".format(*(int(source.get(k), 16) for k in ("bus", "slot", "function")))
+        if host_addr not in LARGE_BARS:
+            continue
+        port = controllers[str(int(hostdev.find("address").get("bus"), 16))]
+        pxb = controllers[str(int(port.find("address").get("bus"), 16))]
+        assert pxb.get("model") == "pcie-expander-bus", ET.tostring(pxb)
+        cell = int(pxb.find("target/node").text)
+        # Behind expander bus B's root port the guest numbers the device's bus B + 1.
+        guest_addr = f"0000:{int(pxb.find('target').get('busNr')) + 1:02x}:00.0"
+        assert cell == placement["gpu_cells"][host_addr]
+        assert guest["numa"][guest_addr] == cell, (guest_addr, guest)
+        bar0, bar2 = guest["bars"][guest_addr][0], guest["bars"][guest_addr][2]
+        assert bar2[0] > 0 and bar2[1] - bar2[0] + 1 == LARGE_BAR_GIB << 30, guest["bars"]
+        assert bar0[0] > 0, guest["bars"]
+        # The cell's vCPUs: pinned to the plan's CPUs, all on the device's host node.
+        host_node = int(host.file(f"/sys/bus/pci/devices/{host_addr}/numa_node").content_string)
+        node_cpus = parse_cpulist(host.file(f"/sys/devices/system/node/node{host_node}/cpulist").content_string)
+        vcpus = parse_cpulist(guest["nodes"][cell])
+        assert vcpus == parse_cpulist(guest_cells[cell]), (guest["nodes"], guest_cells)
+        pinned = sorted(c for v in vcpus for c in parse_cpulist(vcpupin[v]))
+        planned = sorted(placement["cpus"][v] for v in vcpus)
+        assert pinned == planned and set(pinned) <= set(node_cpus), (pinned, placement, node_cpus)
 
 
 def test_the_mdev_exists_and_is_defined_for_boot(host):
@@ -334,6 +475,48 @@ def test_the_committed_host_comes_back_from_every_reboot_by_itself(host):
             boot = f.read().decode("utf-8", "replace")
         assert "Welcome to GRUB!" in boot and "Booting `Debian GNU/Linux'" in boot, boot[-3000:]
         assert interventions() == before, interventions()
+
+
+def test_without_its_mmio_window_the_same_vm_fails_in_the_guest(host):
+    """Issue #29's negative control: lab-multi as gpuprov defined it, less the one option that sizes
+    OVMF's 64-bit window (and under another name), booted on the same devices: the guest's kernel
+    cannot place the large BARs and says so, as users of hand-written VMs see it. Runs after the
+    reboots above, which left lab-multi shut off (the devices free)."""
+    assert host.check_output("virsh -c qemu:///system domstate %s", MULTI).strip() == "shut off"
+    xml = host.check_output("virsh -c qemu:///system dumpxml --inactive %s", MULTI)
+    window = re.compile(
+        r"\s*<qemu:commandline>\s*<qemu:arg value='-fw_cfg'/>\s*"
+        r"<qemu:arg value='name=opt/ovmf/X-PciMmio64Mb,string=\d+'/>\s*</qemu:commandline>"
+    )
+    assert window.search(xml), xml
+    bare = window.sub("", xml)
+    bare = re.sub(r"<uuid>[^<]*</uuid>", "", bare).replace(f"<name>{MULTI}</name>", "<name>lab-nowindow</name>")
+    bare = bare.replace(f"{MULTI}-serial.log", "lab-nowindow-serial.log")
+    assert bare.count("X-PciMmio64Mb") == 0 and "lab-nowindow-serial.log" in bare
+    host.run("rm -f /var/log/libvirt/qemu/lab-nowindow-serial.log")
+    path = "/tmp/lab-nowindow.xml"
+    host.run("cat > %s <<'EOF'\n%s\nEOF", path, bare)
+    try:
+        started = host.run("virsh -c qemu:///system define %s && virsh -c qemu:///system start lab-nowindow", path)
+        assert started.rc == 0, started.stderr
+        waited = host.run(
+            "for i in $(seq 1500); do grep -q GPUPROV-NESTED-END /var/log/libvirt/qemu/lab-nowindow-serial.log "
+            "2>/dev/null && exit 0; sleep 1; done; exit 1"
+        )
+        log = serial_log(host, "lab-nowindow")
+        assert waited.rc == 0, log[-3000:]
+    finally:
+        host.run("virsh -c qemu:///system destroy lab-nowindow; virsh -c qemu:///system undefine --nvram lab-nowindow")
+    guest = guest_view(log)
+    testdevs = [a for a in guest["numa"] if re.search(rf"^PCI {a} {TESTDEV_IDS} ", log, re.M)]
+    assert len(testdevs) == 2, log[-3000:]
+    # At least one large BAR is left unassigned, and the kernel names it.
+    unplaced = [a for a in testdevs if guest["bars"].get(a, {}).get(2, (0,))[0] == 0]
+    assert unplaced, guest["bars"]
+    for addr in unplaced:
+        assert any(addr in line and ("can't assign" in line or "no space" in line) for line in guest["klog"]), guest[
+            "klog"
+        ]
 
 
 def test_the_dropped_mdev_is_removed_once_the_guest_is_off(host):
