@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 HOST_VARS = REPO / "inventories/lab/host_vars/lab-gpu-host.yml"
 EDU = ("1234", "11e8", "0x00ff00")
 MTTY = ("4348", "3253", "0x070002")  # samples/vfio-mdev/mtty.c: vconfig[0x0] = 0x32534348, class 07 00 02
+TESTDEV = ("1b36", "0005", "0x00ff00")  # QEMU's pci-testdev: the lab's large-BAR devices
 
 
 def read_newc(data: bytes) -> list[dict]:
@@ -54,9 +55,13 @@ def host_vars() -> dict:
     return yaml.safe_load(HOST_VARS.read_text())
 
 
-def nested_vm() -> dict:
-    (check,) = host_vars()["gpu_vms_console_checks"]
-    return next(vm for vm in host_vars()["gpuprov_host"]["vms"] if vm["name"] == check["vm"])
+def console_check(vm: str) -> dict:
+    return next(c for c in host_vars()["gpu_vms_console_checks"] if c["vm"] == vm)
+
+
+def nested_vm(name: str = "lab-nested") -> dict:
+    console_check(name)  # every VM these tests take is one the playbook checks
+    return next(vm for vm in host_vars()["gpuprov_host"]["vms"] if vm["name"] == name)
 
 
 # ---------------------------------------------------------------- the nested guest's initramfs
@@ -122,8 +127,18 @@ def init_listing(pci: Path) -> str:
 
 @pytest.fixture
 def checks() -> dict:
-    (check,) = host_vars()["gpu_vms_console_checks"]
-    return check
+    return console_check("lab-nested")
+
+
+def test_the_multi_gpu_vms_check_wants_both_large_bar_devices(tmp_path: Path) -> None:
+    check = console_check("lab-multi")
+    both = {"0000:00:00.0": ("8086", "29c0", "0x060000"), "0000:81:00.0": TESTDEV, "0000:91:00.0": TESTDEV}
+    console = init_listing(fake_pci(tmp_path / "both", both))
+    assert re.search(check["wait_for"], console, re.M)
+    assert all(re.search(p, console, re.M) for p in check["expect"])
+    del both["0000:91:00.0"]
+    one = init_listing(fake_pci(tmp_path / "one", both))
+    assert not all(re.search(p, one, re.M) for p in check["expect"])
 
 
 def test_the_lab_checks_pass_on_what_init_prints(tmp_path: Path, checks: dict) -> None:
@@ -181,6 +196,8 @@ def test_the_nested_guest_boots_what_the_image_carries(tmp_path: Path) -> None:
     fake = FakeHost(tmp_path)
     for address, group in (("0000:01:00.0", 1), ("0000:02:00.0", 2), ("0000:04:01.0", 3)):
         fake.pci(address, cls=0x00FF00, vendor=0x1234, device=0x11E8, group=group)
+    for address, group, node in (("0000:21:00.0", 4, 0), ("0000:31:00.0", 5, 1)):
+        fake.pci(address, cls=0x00FF00, vendor=0x1B36, device=0x0005, group=group, numa_node=node)
     fake.paths["mtty"] = "sys/devices/virtual/mtty/mtty"  # a non-PCI mdev parent, as the kernel shows it
     fake.mdev_types("mtty", {"mtty-1": ("Single port serial", 24), "mtty-2": ("Dual port serial", 12)})
     model = resolve(host_vars(), gather(Sysfs(str(fake.finish()))))
@@ -194,7 +211,7 @@ def test_the_nested_guest_boots_what_the_image_carries(tmp_path: Path) -> None:
     assert "console=ttyS0" in (spec.boot.cmdline or "").split()
     assert spec.network is None and spec.disk is None and spec.cloud_init is None  # nothing to wait for
     assert [g.address for g in spec.gpus] == ["0000:01:00.0"]
-    assert model.vfio_devices == ["0000:01:00.0", "0000:02:00.0"]
+    assert model.vfio_devices == ["0000:01:00.0", "0000:02:00.0", "0000:21:00.0", "0000:31:00.0"]
     # The mdev the vGPU role makes (and keeps) is the one the guest gets.
     assert [(m.parent, m.type, m.uuid) for m in spec.mdevs] == [
         ("mtty", "mtty-2", d["uuid"]) for d in model.layout["mtty"]["mdevs"]

@@ -68,14 +68,16 @@ def esp_drive(lab: Path, image: Path, loader: str) -> str:
 # Two NUMA nodes (issue #29): node N has CPUs 2N and 2N+1 and half the memory, and a
 # pcie-expander-bus (pxb-pcie, numa_node=N: the kernel reads its _PXM) with one root port and one
 # pci-testdev (1b36:0005, class 0x00ff) whose 64-bit prefetchable BAR 2 is LARGE_BAR_GIB GiB
-# (`membar`: an empty region, no memory behind it). Together the two BARs (64 GiB) exceed
-# OVMF's default 64-bit MMIO window (32 GiB): a VM given both boots only with its window sized
-# (gpuprov's domain builder: X-PciMmio64Mb). The lab host's own OVMF is told its window here.
+# (`membar`: an empty region, no memory behind it), an H100's or H200's BAR1. Together the two
+# BARs (256 GiB) exceed the 64-bit MMIO window OVMF gives a guest by default: 32 GiB, or since
+# edk2 2022.11 an eighth of the guest's physical address space (128 GiB at QEMU's 40 bits; seen
+# on the lab: two 32 GiB BARs fit it). A VM given both boots only with its window sized (gpuprov's
+# domain builder: X-PciMmio64Mb). The lab host's own OVMF is told its window here.
 # (Not ivshmem: a memory controller by class, which gpuprov rightly keeps on the host.)
 NODE_MEMORY_MIB = (1536, 1536)
-LARGE_BAR_GIB = 32
+LARGE_BAR_GIB = 128
 LARGE_BAR_BUS = (0x20, 0x30)  # the expander buses: the devices are 0000:21:00.0 and 0000:31:00.0
-HOST_MMIO64_MIB = 256 * 1024
+HOST_MMIO64_MIB = 512 * 1024
 
 
 def numa_argv() -> list[str]:
