@@ -112,7 +112,15 @@ def test_console_checks_run_only_where_asked_and_the_lab_asks() -> None:
     lab = yaml.safe_load((REPO / "inventories/lab/host_vars/lab-gpu-host.yml").read_text())
     assert defaults["gpu_vms_check_consoles"] is False and lab["gpu_vms_check_consoles"] is True
     tasks = yaml.safe_load((REPO / "roles/gpu_vms/tasks/main.yml").read_text())
-    (vm_task,) = [t for t in tasks if "gpuprov.kvm.gpu_vm" in t]
-    # In the VM's own module run (no wait_for/slurp tasks of their own), and only when asked.
-    assert "gpu_vms_check_consoles | bool" in vm_task["gpuprov.kvm.gpu_vm"]["console_checks"]
+    state, checks = [t for t in tasks if "gpuprov.kvm.gpu_vm" in t]
+    # Every VM started first (no checks in that run: the guests boot side by side), then the same
+    # module run per checked VM (no wait_for/slurp tasks of their own), and only when asked.
+    assert "console_checks" not in state["gpuprov.kvm.gpu_vm"]
+    assert checks["gpuprov.kvm.gpu_vm"]["console_checks"] == "{{ gpu_vms_console_checks }}"
+    assert checks["when"] == "gpu_vms_check_consoles | bool"
+    assert tasks.index(state) < tasks.index(checks)
+    # The same options otherwise (the YAML merge of the first task's).
+    assert {k: v for k, v in checks["gpuprov.kvm.gpu_vm"].items() if k != "console_checks"} == state[
+        "gpuprov.kvm.gpu_vm"
+    ]
     assert not any("wait_for" in t or "slurp" in str(t) or "include_tasks" in t for t in tasks if "serial" in str(t))
