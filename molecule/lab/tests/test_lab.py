@@ -166,8 +166,9 @@ def guest_view(log: str) -> dict:
 @pytest.fixture(scope="module")
 def lab_cli():
     """gpuprov's own CLI on the lab host, as a user runs it there: this checkout's gpuprov and its
-    pure-Python dependencies (rich, PyYAML, pyudev) copied to /tmp/gpuprov-cli with the lab's
-    host_vars; returns a runner: its output (stdout), the command failing the test on an error."""
+    pure-Python dependencies (rich, PyYAML, pyudev) with the lab's host_vars, unpacked into
+    /tmp/gpuprov-cli by each command (the lab host's boots empty /tmp: Debian's tmpfiles.d, and the
+    tests reboot it); returns a runner: its output (stdout), the command failing the test on an error."""
     import importlib.util
     import io
     import tarfile
@@ -181,21 +182,17 @@ def lab_cli():
         for name in ("rich", "pygments", "markdown_it", "mdurl", "yaml", "pyudev"):
             spec = importlib.util.find_spec(name)
             assert spec and spec.submodule_search_locations, name
-            tar.add(
-                next(iter(spec.submodule_search_locations)),
-                name,
-                filter=lambda t: None if "__pycache__" in t.name else t,
-            )
+            tar.add(next(iter(spec.submodule_search_locations)), name, filter=no_bytecode)
         tar.add(HOST_VARS, "lab-gpu-host.yml")
     ssh = ssh_argv(lab_dir(), int(read_state(lab_dir())["port"]))
-    cmd = "rm -rf /tmp/gpuprov-cli && mkdir /tmp/gpuprov-cli && tar xz -C /tmp/gpuprov-cli"
-    subprocess.run([*ssh, cmd], input=buf.getvalue(), check=True, timeout=120)
+    unpack = "rm -rf /tmp/gpuprov-cli && mkdir /tmp/gpuprov-cli && tar xz -C /tmp/gpuprov-cli"
 
     def run(*args: str) -> str:
-        line = " ".join(["cd /tmp/gpuprov-cli && LC_ALL=C.UTF-8 COLUMNS=200 python3 -m gpuprov", *args])
-        out = subprocess.run([*ssh, line], capture_output=True, text=True, timeout=300, check=False)
-        assert out.returncode == 0, f"gpuprov {' '.join(args)}: rc {out.returncode}\n{out.stdout}\n{out.stderr}"
-        return out.stdout
+        line = " ".join([f"{unpack} && cd /tmp/gpuprov-cli && LC_ALL=C.UTF-8 COLUMNS=200 python3 -m gpuprov", *args])
+        out = subprocess.run([*ssh, line], input=buf.getvalue(), capture_output=True, timeout=300, check=False)
+        stdout, stderr = out.stdout.decode(errors="replace"), out.stderr.decode(errors="replace")
+        assert out.returncode == 0, f"gpuprov {' '.join(args)}: rc {out.returncode}\n{stdout}\n{stderr}"
+        return stdout
 
     return run
 
@@ -299,7 +296,7 @@ def test_libvirt_and_qemu_hold_edu_a_and_the_mdev(host):
         assert f"/dev/vfio/{vfio_group}" in fds.split(), fds
 
 
-def test_inspect_and_topology_show_the_lab_hosts_two_nodes(lab_cli):
+def test_inspect_and_topology_show_the_lab_hosts_two_nodes(host, lab_cli):
     """Issue #29: the lab host's two NUMA nodes and what sits on each, as gpuprov reads them there."""
     report = json.loads(lab_cli("inspect", "--json", "--all"))
     nodes = {n["node"]: n["cpulist"] for n in report["numa"]}
