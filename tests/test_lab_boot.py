@@ -77,6 +77,16 @@ def test_the_lab_host_has_two_numa_nodes_each_with_a_large_bar_device_on_its_exp
     assert declared == {f"0000:{bus + 1:02x}:00.0" for bus in boot.LARGE_BAR_BUS}
 
 
+def test_one_node_is_the_lab_host_without_the_second_node_and_the_large_bars(tmp_path: Path) -> None:
+    argv = boot.qemu_argv(tmp_path, tmp_path / "img", 2622, one_node=True)
+    assert option(argv, "-smp") == ["2"] and option(argv, "-m") == ["2048"] and not option(argv, "-numa")
+    assert not any(d.startswith(("pxb-pcie", "pci-testdev")) for d in devices(argv))
+    assert not option(argv, "-fw_cfg")
+    numa_only = ("pxb-pcie", "pci-testdev", "pcie-root-port,id=rpn")
+    two_nodes = devices(boot.qemu_argv(tmp_path, tmp_path / "img", 2622))
+    assert set(devices(argv)) == {d for d in two_nodes if not d.startswith(numa_only)}
+
+
 def test_grubs_esp_stays_read_only_and_systemd_boots_is_a_writable_overlay(tmp_path: Path) -> None:
     grub = option(boot.qemu_argv(tmp_path, tmp_path / "img", 2622, "grub"), "-drive")
     sdboot = option(boot.qemu_argv(tmp_path, tmp_path / "img", 2622, "systemd-boot"), "-drive")

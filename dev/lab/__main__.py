@@ -15,7 +15,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
     lab = lab_dir()
     try:
         if args.lab_command == "up":
-            return up(lab, args.port, args.fresh, args.rebuild, args.timeout, args.loader)
+            return up(lab, args.port, args.fresh, args.rebuild, args.timeout, args.loader, args.one_node)
         if args.lab_command == "down":
             return down(lab, args.force, args.timeout)
         if args.lab_command == "status":
@@ -55,6 +55,12 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--fresh", action="store_true", help="start from the pristine image (drop the lab host's changes)")
     q.add_argument("--rebuild", action="store_true", help="rebuild the image even if it is cached")
     q.add_argument("--timeout", type=float, default=BOOT_TIMEOUT, help="seconds to wait for SSH")
+    q.add_argument(
+        "--one-node",
+        action="store_true",
+        help="one NUMA node, 2 vCPUs, 2 GiB and no large-BAR devices (molecule/lab_boot; inventories/lab's "
+        "lab-multi needs the default two nodes)",
+    )
     q.add_argument(
         "--loader",
         choices=image.LOADERS,

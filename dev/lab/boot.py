@@ -80,8 +80,13 @@ LARGE_BAR_BUS = (0x20, 0x30)  # the expander buses: the devices are 0000:21:00.0
 HOST_MMIO64_MIB = 512 * 1024
 
 
+# `up --one-node`: the lab host as before issue #29 (molecule/lab_boot's boot trials need neither
+# the second node nor the large BARs, and keep their timings).
+ONE_NODE_ARGV = ["-smp", "2", "-m", "2048"]
+
+
 def numa_argv() -> list[str]:
-    argv = ["-smp", str(2 * len(NODE_MEMORY_MIB))]
+    argv = ["-m", str(sum(NODE_MEMORY_MIB)), "-smp", str(2 * len(NODE_MEMORY_MIB))]
     for node, mib in enumerate(NODE_MEMORY_MIB):
         argv += [
             "-object",
@@ -106,15 +111,13 @@ def large_bar_argv() -> list[str]:
     return argv
 
 
-def qemu_argv(lab: Path, image: Path, port: int, loader: str = DEFAULT_LOADER) -> list[str]:
+def qemu_argv(lab: Path, image: Path, port: int, loader: str = DEFAULT_LOADER, one_node: bool = False) -> list[str]:
     run = run_dir(lab)
     return [
         *debpkg.QEMU_HOST,
         "-name",
         HOSTNAME,
-        "-m",
-        str(sum(NODE_MEMORY_MIB)),
-        *numa_argv(),
+        *(ONE_NODE_ARGV if one_node else numa_argv()),
         "-nodefaults",
         "-display",
         "none",
@@ -172,7 +175,7 @@ def qemu_argv(lab: Path, image: Path, port: int, loader: str = DEFAULT_LOADER) -
         "e1000,netdev=n0,mac=52:54:00:00:00:02,bus=br1,addr=0x2",
         "-netdev",
         f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
-        *large_bar_argv(),
+        *([] if one_node else large_bar_argv()),
         "-chardev",
         # append: a power cycle of the lab's BMC (a new QEMU) keeps the log; `up` empties it.
         f"file,id=ser0,path={run / 'console.log'},append=on",
@@ -244,7 +247,15 @@ def console_tail(lab: Path, chars: int = 3000) -> str:
         return "(no console log)"
 
 
-def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float, loader: str = DEFAULT_LOADER) -> int:
+def up(
+    lab: Path,
+    port: int,
+    fresh: bool,
+    rebuild: bool,
+    timeout: float,
+    loader: str = DEFAULT_LOADER,
+    one_node: bool = False,
+) -> int:
     run = run_dir(lab)
     state = read_state(lab)
     pid = qemu_pid(lab)
@@ -275,7 +286,7 @@ def up(lab: Path, port: int, fresh: bool, rebuild: bool, timeout: float, loader:
         shutil.copy(OVMF_VARS, run / "OVMF_VARS.fd")
     info = json.loads((image / "info.json").read_text())
     (lab / "known_hosts").write_text(f"[127.0.0.1]:{port} {info['host_key']}\n")
-    argv = qemu_argv(lab, image, port, loader)
+    argv = qemu_argv(lab, image, port, loader, one_node)
     (run / "qemu.argv").write_text(json.dumps(argv) + "\n")
     (run / "console.log").write_bytes(b"")
     with suppress(FileNotFoundError):

@@ -111,7 +111,7 @@ def loader(request) -> str:
     """The lab host booting with this loader (create.yml booted the GRUB image)."""
     if request.param != "grub":
         lab("down")
-        lab("up", "--fresh", "--loader", request.param)
+        lab("up", "--fresh", "--one-node", "--loader", request.param)
     return request.param
 
 
