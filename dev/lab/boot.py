@@ -85,22 +85,16 @@ HOST_MMIO64_MIB = 512 * 1024
 ONE_NODE_ARGV = ["-smp", "2", "-m", "2048"]
 
 
-def numa_argv() -> list[str]:
+def two_node_argv() -> list[str]:
+    """Memory, vCPUs, each node and the devices on it, and the lab's OVMF window."""
     argv = ["-m", str(sum(NODE_MEMORY_MIB)), "-smp", str(2 * len(NODE_MEMORY_MIB))]
-    for node, mib in enumerate(NODE_MEMORY_MIB):
+    argv += ["-fw_cfg", f"name=opt/ovmf/X-PciMmio64Mb,string={HOST_MMIO64_MIB}"]
+    for node, (mib, bus) in enumerate(zip(NODE_MEMORY_MIB, LARGE_BAR_BUS)):
         argv += [
             "-object",
             f"memory-backend-ram,id=ram{node},size={mib}M",
             "-numa",
             f"node,nodeid={node},cpus={2 * node}-{2 * node + 1},memdev=ram{node}",
-        ]
-    return argv
-
-
-def large_bar_argv() -> list[str]:
-    argv = ["-fw_cfg", f"name=opt/ovmf/X-PciMmio64Mb,string={HOST_MMIO64_MIB}"]
-    for node, bus in enumerate(LARGE_BAR_BUS):
-        argv += [
             "-device",
             f"pxb-pcie,id=pxb{node},bus_nr={bus},numa_node={node},bus=pcie.0,addr={0x8 + node:#x}",
             "-device",
@@ -117,7 +111,7 @@ def qemu_argv(lab: Path, image: Path, port: int, loader: str = DEFAULT_LOADER, o
         *debpkg.QEMU_HOST,
         "-name",
         HOSTNAME,
-        *(ONE_NODE_ARGV if one_node else numa_argv()),
+        *(ONE_NODE_ARGV if one_node else two_node_argv()),
         "-nodefaults",
         "-display",
         "none",
@@ -175,7 +169,6 @@ def qemu_argv(lab: Path, image: Path, port: int, loader: str = DEFAULT_LOADER, o
         "e1000,netdev=n0,mac=52:54:00:00:00:02,bus=br1,addr=0x2",
         "-netdev",
         f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
-        *([] if one_node else large_bar_argv()),
         "-chardev",
         # append: a power cycle of the lab's BMC (a new QEMU) keeps the log; `up` empties it.
         f"file,id=ser0,path={run / 'console.log'},append=on",
