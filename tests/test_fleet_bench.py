@@ -1,4 +1,4 @@
-"""dev/bench/fleet.py: its arithmetic, inventory and output parsing, and one tiny real run."""
+"""dev/bench/fleet.py: its arithmetic, inventory and output parsing, its SSH members' commands, a tiny real run."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dev.bench import netns_members as members
 from tests.conftest import HOSTS, REPO
 
 
@@ -226,3 +227,109 @@ def test_the_run_says_whether_the_lab_host_is_in_it() -> None:
     assert "NOT included" in fleet.lab_line(None)
     said = fleet.lab_line(["-i", "inventories/lab"], "drifted")
     assert "lab-gpu-host included" in said and "drifted" in said and "not of the no-op converge" in said
+
+
+# --members ssh: dev/bench/netns_members.py, the commands and files it makes (no root needed).
+
+
+def test_each_member_has_its_own_namespace_veth_and_address() -> None:
+    assert members.names(1) == ("gpf-m0001", "gpf-h0001")
+    assert all(len(name) <= 15 for name in members.names(9999))  # the kernel's interface name limit
+    assert members.address(1) == "10.213.0.2"  # the bridge has 10.213.0.1
+    assert members.address(200) == "10.213.0.201"
+    assert members.address(300) == "10.213.1.45"
+    assert len({members.address(i) for i in range(1, 1001)}) == 1000
+    for bad in (0, 65534):
+        with pytest.raises(ValueError):
+            members.address(bad)
+
+
+def test_the_network_batch_makes_a_bridge_and_a_veth_pair_into_each_namespace() -> None:
+    up = members.network_up(2).splitlines()
+    assert up[:3] == ["link add gpf-br0 type bridge", "addr add 10.213.0.1/16 dev gpf-br0", "link set gpf-br0 up"]
+    assert up[3:] == [
+        "netns add gpf-m0001",
+        "link add gpf-h0001 type veth peer name eth0 netns gpf-m0001",
+        "link set gpf-h0001 master gpf-br0 up",
+        "netns add gpf-m0002",
+        "link add gpf-h0002 type veth peer name eth0 netns gpf-m0002",
+        "link set gpf-h0002 master gpf-br0 up",
+    ]
+    assert members.member_link(2).splitlines() == [
+        "link set lo up",
+        "addr add 10.213.0.3/16 dev eth0",
+        "link set eth0 up",
+    ]
+    # The teardown deletes whatever the set-up added, the bridge last.
+    down = members.network_down(2).splitlines()
+    made = {" ".join(line.split()[:3]) for line in up if " add " in f" {line} "}
+    deleted = {line.replace(" del ", " add ") for line in down}
+    assert made - {"addr add 10.213.0.1/16"} == deleted
+    assert down[-1] == "link del gpf-br0"
+
+
+def test_each_sshd_runs_in_its_namespace_on_its_address_with_the_bench_keys(tmp_path: Path) -> None:
+    cmd = members.sshd_command(3, tmp_path / "sshd_config")
+    assert cmd[:4] == ["ip", "netns", "exec", "gpf-m0003"]
+    assert cmd[4] == members.SSHD and "-D" in cmd  # foreground: its pid is the bench's to end
+    assert cmd[-2:] == ["-o", "ListenAddress=10.213.0.4"]
+    config = dict(line.split(" ", 1) for line in members.sshd_config(tmp_path).splitlines())
+    assert config["HostKey"] == str(tmp_path / "host_key")
+    assert config["AuthorizedKeysFile"] == str(tmp_path / "authorized_keys")
+    assert config["PasswordAuthentication"] == "no" and config["KbdInteractiveAuthentication"] == "no"
+    assert config["PermitRootLogin"] == "prohibit-password"
+
+
+def test_an_ssh_member_in_the_inventory_keeps_its_root_and_uses_the_system_python(tmp_path: Path) -> None:
+    """What ansible-inventory makes of the bench's inventory with SSH members."""
+    inv = tmp_path / "inventory.yml"
+    key = tmp_path / "client_key"
+    roots = [tmp_path / "r1", tmp_path / "r2"]
+    inv.write_text(
+        json.dumps(fleet.inventory(roots, "0000:01:00.0", sys.executable, lambda i: members.connection(i, key)))
+    )
+    env = {k: v for k, v in fleet._env().items() if k != "ANSIBLE_CALLBACKS_ENABLED"}
+    tool = fleet.PLAYBOOK.with_name("ansible-inventory")
+    proc = subprocess.run([str(tool), "-i", str(inv), "--list"], capture_output=True, text=True, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    hostvars = json.loads(proc.stdout)["_meta"]["hostvars"]
+    for i, (name, root) in enumerate(zip(("fleet0001", "fleet0002"), roots, strict=True), 1):
+        host = hostvars[name]
+        assert host["ansible_connection"] == "ssh" and host["ansible_host"] == members.address(i)
+        assert host["ansible_user"] == "root" and host["ansible_ssh_private_key_file"] == str(key)
+        assert host["ansible_python_interpreter"] == "/usr/bin/python3"
+        assert "UserKnownHostsFile=/dev/null" in host["ansible_ssh_common_args"]
+        assert host["gpuprov_root"] == str(root)
+
+
+def test_ssh_members_say_what_the_machine_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(members.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(members.shutil, "which", lambda _tool: None)
+    said = members.missing()
+    assert said[0].startswith("run as root")
+    assert said[1] == "apt-get install iproute2 openssh-client openssh-server"
+    assert "ssh to its own network namespace" in fleet.lab_line(None, members="ssh")
+    assert "ansible_connection local" in fleet.lab_line(None)
+
+
+@pytest.mark.skipif(not Path(members.SSHD).exists(), reason="needs sshd (apt-get install openssh-server)")
+def test_sshd_accepts_the_members_config(tmp_path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "host_key")], check=True)
+    (tmp_path / "sshd_config").write_text(members.sshd_config(tmp_path))
+    proc = subprocess.run(
+        [members.SSHD, "-t", "-f", str(tmp_path / "sshd_config")], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_cpu_split_puts_the_members_side_apart() -> None:
+    def run(cpu: float, on_members: float) -> Any:
+        return fleet.PlayRun(1.0, {"hosts": 1}, cpu=cpu, member_cpu=on_members)
+
+    one = fleet.Point(1, 10, run(1.0, 0.5), run(1.0, 0.5), report=run(1.0, 0.5))
+    ten = fleet.Point(10, 10, run(10.0, 5.0), run(19.0, 10.0), report=run(10.9, 5.9))
+    # facts: controller (5 - 0.5) / 9 = 0.5, members (5 - 0.5) / 9 = 0.5; report: (5 - 0.5) / 9, (5.9 - 0.5) / 9
+    assert (
+        fleet.cpu_split([one, ten]).splitlines()[1]
+        == "  10 hosts, forks 10: 0.500 + 0.500 / 0.500 + 0.600 / 0.944 + 1.056"
+    )

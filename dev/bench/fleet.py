@@ -1,8 +1,9 @@
 """The fleet figures: a facts-only play against a no-op converge and the fleet report, on N hosts.
 
-Each fake host is an inventory entry with ``ansible_connection: local`` and its own staged
-root: a copy of a real capture (``tests/fixtures/hosts``, unpacked by the CLI's own safe
-reader) plus a GRUB defaults file that already holds the IOMMU arguments. In the same run,
+Each fake host is an inventory entry with ``ansible_connection: local`` (or, with ``--members
+ssh``, a host of its own reached over SSH, below) and its own staged root: a copy of a real
+capture (``tests/fixtures/hosts``, unpacked by the CLI's own safe reader) plus a GRUB defaults
+file that already holds the IOMMU arguments. In the same run,
 over the same hosts and forks, three plays are timed (``time.perf_counter`` around
 ``ansible-playbook``, and the per-task profile of ``ansible.posix.profile_tasks``):
 
@@ -28,6 +29,14 @@ the facts-only play's, and the projections to 1,000 and 10,000 hosts
 cost within 1.2x the facts-only play's) at the largest fleet measured. It says how long each
 size's runs took.
 
+``--members ssh`` reaches each staged host as a remote host instead: its own network namespace on
+a bridge, with its own sshd and address, over real SSH (pipelining, a fresh connection per host
+each play, ``/usr/bin/python3`` on the member; dev/bench/netns_members.py says how and why, and
+tears it all down at the end, error or interrupt included). Root, iproute2 and openssh-server
+are needed (it says what is missing). The module still reads the member's staged root. The CPU
+figures then add the members' side (each sshd and what it ran), and a line splits each play's
+per-host CPU into the controller's and the members' shares.
+
 ``--lab`` adds the lab host (``python -m dev.lab up``, which this bench never starts or stops) as
 one real member, over SSH, of the facts-only and report plays: ``-i inventories/lab`` (its
 host_vars declare it) and the ``-e`` overrides ``python -m dev.lab status --json`` names. Not of
@@ -38,27 +47,34 @@ in it.
     python dev/bench/fleet.py --hosts 1,10 --forks 10
     python dev/bench/fleet.py --no-report              # the no-op figures alone, as before
     python dev/bench/fleet.py --lab                    # the lab host as one more member
+    python dev/bench/fleet.py --members ssh            # each host over SSH, in its own namespace
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parents[1]
 sys.path.insert(0, str(REPO))
+
+from dev.bench.netns_members import MEMBER_PYTHON, MembersRefused, SshMembers  # noqa: E402
 
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
 PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -158,6 +174,7 @@ class PlayRun:
     recap: dict[str, int]
     profile: list[tuple[str, float]] = field(default_factory=list)
     cpu: float = float("nan")  # CPU seconds (user + system) of the run's processes: steadier than wall time under load
+    member_cpu: float = 0.0  # the part of ``cpu`` on the members' side (--members ssh: sshd and the modules)
     lab_status: str | None = None  # the lab host's status in the report (--lab)
 
 
@@ -219,12 +236,16 @@ def declaration(gpu: str) -> dict[str, Any]:
     return {"gpus": [{"name": "gpu", "address": gpu, "use": "passthrough"}]}
 
 
-def inventory(roots: list[Path], gpu: str, python: str) -> dict[str, Any]:
-    """One inventory entry per staged root: local connection, its root, its declaration."""
+def inventory(
+    roots: list[Path], gpu: str, python: str, connection: Callable[[int], dict[str, str]] | None = None
+) -> dict[str, Any]:
+    """One inventory entry per staged root: local connection (else ``connection(i)``'s variables,
+    i from 1: --members ssh), its root, its declaration."""
     hosts = {
         f"fleet{i:04d}": {
             "ansible_connection": "local",
             "ansible_python_interpreter": python,
+            **(connection(i) if connection else {}),
             "gpuprov_root": str(root),
             "gpuprov_host": declaration(gpu),
         }
@@ -334,12 +355,33 @@ def host_limit(hosts: int, lab: bool) -> str:
     return f"all[0:{hosts - 1}]" + (f":{LAB_HOST}" if lab else "")
 
 
+def timed(
+    cmd: list[str], env: dict[str, str], members: SshMembers | None
+) -> tuple[subprocess.CompletedProcess[str], float, float, float]:
+    """Run ``cmd``: its result, wall seconds, CPU seconds of all its processes and of those on the
+    members' side (``members``: each run with its own SSH connections, closed after the timing)."""
+    with members.session(env) if members else contextlib.nullcontext(env) as run_env:
+        on_members = members.cpu() if members else 0.0
+        start, used = time.perf_counter(), cpu_used()
+        proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, check=False, cwd=REPO)
+        seconds, used = time.perf_counter() - start, cpu_used() - used
+    # Read once the session is closed: the sshds count a connection's CPU when it ends.
+    on_members = members.cpu() - on_members if members else 0.0
+    return proc, seconds, used + on_members, on_members
+
+
 def play(
-    playbook: Path, inv: Path, hosts: int, forks: int, env: dict[str, str], lab: list[str] | None = None
+    playbook: Path,
+    inv: Path,
+    hosts: int,
+    forks: int,
+    env: dict[str, str],
+    lab: list[str] | None = None,
+    members: SshMembers | None = None,
 ) -> PlayRun:
     """One timed run of ``playbook`` on the first ``hosts`` hosts of ``inv``; ``lab``: the lab
     host's ansible-playbook arguments (its inventory and overrides, :func:`lab_arguments`), one
-    member more."""
+    member more; ``members``: the SSH members (--members ssh)."""
     cmd = [
         str(PLAYBOOK),
         "-i",
@@ -351,18 +393,23 @@ def play(
         host_limit(hosts, bool(lab)),
         str(playbook),
     ]
-    start, used = time.perf_counter(), cpu_used()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=REPO)
-    seconds, used = time.perf_counter() - start, cpu_used() - used
+    proc, seconds, used, on_members = timed(cmd, env, members)
     recap = recap_totals(proc.stdout)
     hosts += 1 if lab else 0
     if proc.returncode != 0 or recap["hosts"] != hosts or recap["failed"] or recap["unreachable"]:
         tail = (proc.stdout + proc.stderr)[-3000:]
         raise SystemExit(f"fleet.py: {playbook.name} on {hosts} hosts failed (rc {proc.returncode}):\n{tail}")
-    return PlayRun(seconds, recap, task_profile(proc.stdout), used)
+    return PlayRun(seconds, recap, task_profile(proc.stdout), used, on_members)
 
 
-def report_run(inv: Path, hosts: int, forks: int, env: dict[str, str], lab: list[str] | None = None) -> PlayRun:
+def report_run(
+    inv: Path,
+    hosts: int,
+    forks: int,
+    env: dict[str, str],
+    lab: list[str] | None = None,
+    members: SshMembers | None = None,
+) -> PlayRun:
     """One timed ``gpuprov fleet --json`` (the playbook gpuprov.kvm.fleet_report through the json
     callback, and the document put together) on the first ``hosts`` hosts; exit 1 unless every
     host is in the document, converged."""
@@ -383,9 +430,7 @@ def report_run(inv: Path, hosts: int, forks: int, env: dict[str, str], lab: list
         "--json",
     ]
     env = {k: v for k, v in env.items() if k != "ANSIBLE_CALLBACKS_ENABLED"}  # stdout is the json callback's
-    start, used = time.perf_counter(), cpu_used()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=REPO)
-    seconds, used = time.perf_counter() - start, cpu_used() - used
+    proc, seconds, used, on_members = timed(cmd, env, members)
     try:
         document = json.loads(proc.stdout)
     except ValueError:
@@ -407,7 +452,9 @@ def report_run(inv: Path, hosts: int, forks: int, env: dict[str, str], lab: list
         said = lab_record.get("message") if lab_record else "not in the document"
         raise SystemExit(f"fleet.py: the lab host {LAB_HOST} gave no record in the report: {said}")
     recap = {"hosts": want, "ok": want, "changed": 0, "unreachable": 0, "failed": 0}
-    return PlayRun(seconds, recap, cpu=used, lab_status=lab_record["status"] if lab_record else None)
+    return PlayRun(
+        seconds, recap, cpu=used, member_cpu=on_members, lab_status=lab_record["status"] if lab_record else None
+    )
 
 
 # What `python -m dev.lab status --json` may put in inventory_overrides (dev/lab/common.py): the
@@ -446,11 +493,18 @@ def lab_arguments(status: dict[str, Any]) -> list[str]:
     return ["-i", str(LAB_INVENTORY), "-e", json.dumps(overrides, sort_keys=True)]
 
 
-def lab_line(lab: list[str] | None, lab_status: str | None = None) -> str:
+# How the staged members are reached (--members), as every run says.
+MEMBERS = {
+    "local": "ansible_connection local",
+    "ssh": f"ssh to its own network namespace and sshd (dev/bench/netns_members.py), {MEMBER_PYTHON}",
+}
+
+
+def lab_line(lab: list[str] | None, lab_status: str | None = None, members: str = "local") -> str:
     """Whether the lab host is in the figures: said on every run, included or not."""
     if not lab:
         return (
-            f"lab host: NOT included (every member is a staged root, ansible_connection local; "
+            f"lab host: NOT included (every member is a staged root, {MEMBERS[members]}; "
             f"--lab adds {LAB_HOST}, with python -m dev.lab up running)"
         )
     status = f", its report status {lab_status}" if lab_status else ""
@@ -480,7 +534,7 @@ def fleet_table(points: list[Point]) -> str:
         base = one.get(p.forks)
         if base is None or p.report is None or base.report is None:
             continue
-        runs = [(getattr(p, attr), getattr(base, attr)) for _label, attr in PLAYS]
+        runs = _runs(p, base)
         wall = [marginal(r.seconds, b.seconds, p.hosts) for r, b in runs]
         cpu = [marginal(r.cpu, b.cpu, p.hosts) for r, b in runs]
         cells = [
@@ -500,6 +554,33 @@ def fleet_table(points: list[Point]) -> str:
             f"{p.hosts:>5} {p.forks:>5} | " + " | ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)) + note
         )
     return "\n".join(rows)
+
+
+def cpu_split(points: list[Point]) -> str:
+    """--members ssh: each play's per-host CPU marginal split into the controller's side and the
+    members' (each sshd, the shells and modules it ran): what a real fleet spreads over its hosts."""
+    lines = ["per-host CPU, controller + members' side (s), facts-only / report / no-op:"]
+    one = {p.forks: p for p in points if p.hosts == 1}
+    for p in points:
+        base = one.get(p.forks)
+        if base is None or p.hosts == 1 or p.same_as_forks or p.report is None or base.report is None:
+            continue
+        cells = [
+            f"{_short(marginal(r.cpu - r.member_cpu, b.cpu - b.member_cpu, p.hosts), 3)} + "
+            f"{_short(marginal(r.member_cpu, b.member_cpu, p.hosts), 3)}"
+            for r, b in _runs(p, base)
+        ]
+        lines.append(f"  {p.hosts} hosts, forks {p.forks}: " + " / ".join(cells))
+    return "\n".join(lines)
+
+
+def _runs(p: Point, base: Point) -> list[tuple[PlayRun, PlayRun]]:
+    """Each play's run at ``p`` and at one host (``base``), in PLAYS' order."""
+    return [(getattr(p, attr), getattr(base, attr)) for _label, attr in PLAYS]
+
+
+def _exit_on_signal(signum: int, _frame: FrameType | None) -> NoReturn:
+    raise SystemExit(128 + signum)
 
 
 def verdict(points: list[Point]) -> str:
@@ -572,9 +653,7 @@ def _ansible_version(env: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description="facts-only play vs no-op converge and the fleet report on N local fake hosts"
-    )
+    p = argparse.ArgumentParser(description="facts-only play vs no-op converge and the fleet report on N staged hosts")
     p.add_argument("--hosts", default="1,10,50,200", help="fleet sizes, comma-separated (1 is always run)")
     p.add_argument("--forks", default="10,50", help="ansible forks, comma-separated")
     p.add_argument("--capture", type=Path, default=HOSTS / "gpu-audio.tar.gz", help="the capture every host is")
@@ -583,6 +662,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-report", dest="report", action="store_false", help="time the facts and no-op plays alone")
     p.add_argument("--kernel-log-kib", type=int, default=256, help="the kernel log each staged host has (KiB)")
     p.add_argument("--lab", action="store_true", help="the lab host (python -m dev.lab up) as a real member too")
+    p.add_argument(
+        "--members",
+        choices=sorted(MEMBERS),
+        default="local",
+        help="how the staged hosts are reached: local connection, or ssh to a network namespace each (root)",
+    )
     a = p.parse_args(argv)
     sizes = sorted(set(parse_counts(a.hosts, "--hosts")) | {1})
     forks_list = parse_counts(a.forks, "--forks")
@@ -597,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.kernel_log_kib < 0:
         refuse(f"--kernel-log-kib {a.kernel_log_kib}: give a size in KiB, 0 for none")
     lab = lab_arguments(lab_status()) if a.lab else None
-    print(lab_line(lab), file=sys.stderr)
+    print(lab_line(lab, members=a.members), file=sys.stderr)
 
     built = subprocess.run(
         [sys.executable, str(REPO / "dev" / "tools" / "build_collection.py")],
@@ -611,17 +696,29 @@ def main(argv: list[str] | None = None) -> int:
     work = a.workdir or Path(tempfile.mkdtemp(prefix="gpuprov-fleet-"))
     work.mkdir(parents=True, exist_ok=True)
     points: list[Point] = []
+    members: SshMembers | None = None
+    # An interrupted run still tears its members down (the finally below) and removes its roots.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     try:
         began = time.perf_counter()
         roots = stage(a.capture, work / "roots", sizes[-1], gpu if a.report else None, a.kernel_log_kib)
+        if a.members == "ssh":
+            print(f"starting {sizes[-1]} SSH members (a network namespace and sshd each) ...", file=sys.stderr)
+            members = SshMembers(work, sizes[-1])
+            try:
+                members.start()
+            except MembersRefused as exc:
+                refuse(str(exc))
         inv = work / "inventory.yml"  # JSON is YAML: the yaml inventory plugin reads it
-        inv.write_text(json.dumps(inventory(roots, gpu, sys.executable), indent=1))
+        connection = members.connection if members else None
+        inv.write_text(json.dumps(inventory(roots, gpu, sys.executable, connection), indent=1))
         facts_pb, converge_pb = work / "facts.yml", work / "converge.yml"
         facts_pb.write_text(json.dumps(FACTS_PLAY, indent=1))
         converge_pb.write_text(json.dumps(CONVERGE_PLAY, indent=1))
 
         print(f"converging {sizes[-1]} staged roots once (not measured) ...", file=sys.stderr)
-        play(converge_pb, inv, sizes[-1], max(forks_list), env)
+        play(converge_pb, inv, sizes[-1], max(forks_list), env, members=members)
         setup = time.perf_counter() - began
         done: dict[tuple[int, int], Point] = {}
         for forks in forks_list:
@@ -634,9 +731,9 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 print(f"{n} hosts, forks {forks} ...", file=sys.stderr)
                 began = time.perf_counter()
-                facts = play(facts_pb, inv, n, forks, env, lab)
-                noop = play(converge_pb, inv, n, forks, env)
-                report = report_run(inv, n, forks, env, lab) if a.report else None
+                facts = play(facts_pb, inv, n, forks, env, lab, members)
+                noop = play(converge_pb, inv, n, forks, env, members=members)
+                report = report_run(inv, n, forks, env, lab, members) if a.report else None
                 point = Point(n, forks, facts, noop, report=report, took=time.perf_counter() - began)
                 done[key] = point
                 points.append(point)
@@ -646,15 +743,20 @@ def main(argv: list[str] | None = None) -> int:
                     print(problem)
                     return 1
     finally:
+        if members:
+            members.close()
         if a.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
 
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} cores, load average {load:.2f} (1 min, at the end); {_ansible_version(env)}")
     python = sys.version.split()[0]
-    print(f"capture {a.capture.name}, GPU {gpu} declared passthrough; connection local; Python {python}")
+    print(
+        f"capture {a.capture.name}, GPU {gpu} declared passthrough; members: {MEMBERS[a.members]}; "
+        f"controller Python {python}"
+    )
     lab_report = next((pt.report.lab_status for pt in points if pt.report and pt.report.lab_status), None)
-    print(lab_line(lab, lab_report))
+    print(lab_line(lab, lab_report, a.members))
     measured = [pt for pt in points if not pt.same_as_forks]
     took = ", ".join(f"{pt.hosts} hosts forks {pt.forks} {pt.took:.0f} s" for pt in measured)
     print(f"wall time: staging and the unmeasured converge {setup:.0f} s; the three plays per size: {took}")
@@ -668,6 +770,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(fleet_table(points))
         print(verdict(points))
+        if members:
+            print(cpu_split(points))
     changed = sum(pt.noop.recap["changed"] for pt in measured)
     results = sum(pt.noop.recap["ok"] for pt in measured)
     print(f"no-op runs: changed={changed} over {results} task results ({len(measured)} measured runs)")
