@@ -21,17 +21,17 @@ def host_root(root: str) -> Iterator[str]:
     A tarball is unpacked by :mod:`gpuprov.cli.rootfs` (the one safe way into a capture) into a
     temporary directory, removed afterwards whatever happens.
     """
-    from . import rootfs
+    from ..inputs.hostroot import is_capture_file, root_problem
 
-    if rootfs.is_capture_file(root):
+    if is_capture_file(root):
+        from . import rootfs  # tarfile, tempfile...: only for a capture
+
         try:
             with rootfs.unpacked(root) as tmp:
                 yield tmp
         except rootfs.CaptureRefused as exc:
             raise UsageError(str(exc)) from None
         return
-    from ..inputs.validate import root_problem
-
     problem = root_problem(root, "--root")  # the one check, the modules' `root` too
     if problem:
         raise UsageError(problem)

@@ -11,7 +11,6 @@ import importlib
 import os
 import re
 import sys
-import traceback
 from typing import Any
 
 from .. import __version__
@@ -343,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the last guard: hostile input must not end in a traceback
         # Causes found are fixed where they arise; this only keeps an unforeseen one to one line.
         if os.environ.get("GPUPROV_DEBUG") == "1":
+            import traceback  # here: on the error path only (linecache, tokenize: ms of every run)
+
             traceback.print_exc()
         where = f"{type(exc).__name__} in {_where(exc)}"
         print(
@@ -356,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _where(exc: BaseException) -> str:
     """``module:function`` where ``exc`` was raised, for the one-line report."""
+    import traceback
+
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return "gpuprov"

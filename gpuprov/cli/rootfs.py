@@ -42,7 +42,6 @@ MAX_LINK_HOPS = 40
 # Path components walked to check every link (a real capture needs well under 1M).
 MAX_LINK_STEPS = 4_000_000
 
-CAPTURE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 _CHUNK = 1 << 16
 _RECAPTURE = "re-run `gpuprov capture` on the host"
 _REFUSED_TYPES = {
@@ -64,11 +63,6 @@ _METADATA_TYPES = (
 
 class CaptureRefused(ValueError):
     """The archive is not a capture gpuprov can read safely; the message names the fix."""
-
-
-def is_capture_file(path: str) -> bool:
-    """True when ``path`` names a capture tarball rather than an unpacked directory."""
-    return path.endswith(CAPTURE_SUFFIXES) and not os.path.isdir(path)
 
 
 def printable(text: str, limit: int = 200) -> str:

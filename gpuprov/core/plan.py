@@ -12,7 +12,6 @@ sysfs files.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 WRITE_FILE, REMOVE_FILE, WRITE_SYSFS, COMMAND = "file", "remove", "sysfs", "command"
@@ -120,6 +119,8 @@ def runtime_diff(action: Action, prefix: str = "") -> dict[str, str]:
 def _brief(text: str) -> str:
     if not text:
         return ""
+    import hashlib  # here, not at import: OpenSSL's load is a few ms of every run that never diffs
+
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     return f"({len(text.splitlines())} lines, sha256 {digest}...)\n"
 

@@ -9,7 +9,6 @@ host plan. Pure data; standard library only (ships to targets with the modules).
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +130,8 @@ class VmSpec:
         """The NIC's MAC: given, or derived from the name (stable across runs)."""
         if self.mac:
             return self.mac
+        import hashlib  # here, not at import: OpenSSL's load is a few ms of every run
+
         digest = hashlib.sha256(self.name.encode()).digest()
         return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
 

@@ -5,8 +5,6 @@ through ``Sysfs``, so it works on captured roots and needs no libvirt bindings
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-
 from .evidence import IN_USE, MissingEvidence, note
 from .sysfs import Sysfs
 
@@ -15,6 +13,8 @@ RUNNING_DOMAINS = "run/libvirt/qemu"
 
 def parse_devices(xml: str) -> list[str] | None:
     """mdev UUIDs and PCI addresses a domain's XML assigns; None when it is not XML."""
+    import xml.etree.ElementTree as ET  # here: only a host running domains has XML to parse
+
     out: list[str] = []
     try:
         root = ET.fromstring(xml)

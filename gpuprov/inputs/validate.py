@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import posixpath
 import re
-import reprlib
 from typing import Any
 
 from ..core.plan import Refusal
 from ..core.vm_spec import ROM_DIR
 from ..facts.numa import MAX_CPUS
 from ..facts.pci import PciAddressError, normalize_address
+from .hostroot import root_problem, shown  # noqa: F401 - root_problem: its old home, still importable
 
 # Limits (docs/reference/inputs.md, "Limits"); MAX_CPUS bounds facts and inputs alike.
 MAX_VCPUS = 4096  # QEMU's q35 maximum
@@ -80,16 +79,6 @@ SYSFS_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 # A vGPU/mdev type as given: its directory name (nvidia-259) or its name ("GRID V100-8Q"), never a path.
 TYPE_REF_RE = re.compile(r"[^/]{1,255}")
 _CPU_RANGE_RE = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?")
-
-_repr = reprlib.Repr()
-_repr.maxstring = _repr.maxother = 60
-_repr.maxlist = _repr.maxdict = _repr.maxtuple = _repr.maxset = 4
-_repr.maxlevel = 2
-
-
-def shown(value: Any) -> str:
-    """``repr(value)``, bounded: a value from a file can be huge or deeply nested."""
-    return _repr.repr(value)
 
 
 def kind(value: Any) -> str:
@@ -347,40 +336,6 @@ def rom(p: Problems, path: str, value: Any) -> str | None:
         p.add(path, f"{shown(value)} is not in {ROM_DIR}", f"copy the ROM file into {ROM_DIR}/ and name it there")
         return None
     return value
-
-
-CAPTURE_SUFFIXES = (".tar.gz", ".tgz", ".tar")  # what `gpuprov capture` writes (gpuprov.cli.rootfs)
-
-
-def root_problem(root: str, option: str = "--root", *, captures: bool = True, host: bool = True) -> str | None:
-    """Why ``root`` cannot be read as a host, or None: the check of the CLI's ``--root`` and of
-    every module's ``root`` (no answer without evidence: a root that is not there reads as a host
-    with no devices, and "0 PCI devices" is not a host). ``captures``: a capture tarball is fine
-    (the CLI unpacks it; a module reads a directory only). ``host``: it must hold sys/ (a module that
-    reads only files, such as an apt source, takes any directory)."""
-    is_capture = root.endswith(CAPTURE_SUFFIXES) and not os.path.isdir(root)
-    if is_capture and captures:
-        return None
-    name = shown(root)
-    if is_capture and os.path.exists(root):
-        return (
-            f"{option} {name} is a capture tarball, not a directory: unpack it (tar -xzf) and give the folder "
-            "that holds sys/ and proc/, or read it with `gpuprov inspect --root`"
-        )
-    if os.path.exists(root) and not os.path.isdir(root):
-        return (
-            f"{option} {name} is neither a directory nor a capture: give the .tar.gz, .tgz or .tar "
-            "that `gpuprov capture` wrote, or the folder it was unpacked into"
-        )
-    if not os.path.isdir(root):
-        wanted = "a directory or a capture .tar.gz" if captures else "a directory (/, or an unpacked capture)"
-        return f"{option} {name} does not exist: give {wanted}"
-    if host and not os.path.isdir(os.path.join(root, "sys")):
-        return (
-            f"{option} {name} has no sys/ directory: point it at the top of an unpacked capture "
-            "(the folder holding sys/ and proc/)" + (", or at the .tar.gz itself" if captures else "")
-        )
-    return None
 
 
 def cpu_list(p: Problems, path: str, value: Any, cpu_limit: int | None = None) -> list[int] | None:

@@ -13,7 +13,7 @@ from typing import Any
 from ..apply.actions import ApplyError, apply
 from ..core.plan import Plan
 from ..facts.sysfs import Sysfs
-from ..inputs.validate import root_problem
+from ..inputs.hostroot import root_problem
 
 # A URL's bytes, or None and why not. The plugin passes Ansible's fetch_url in (:func:`url_fetcher`:
 # the task's proxy, certificate and timeout settings hold), so the adapters stay standard library only.
@@ -36,7 +36,7 @@ def url_fetcher(module: Any, fetch_url: Any) -> Fetch:
 
 def refuse_bad_root(module: Any, *, host: bool = True) -> None:
     """Fail the module, nothing read or changed, when its ``root`` is not there or not a directory (or,
-    with ``host``, holds no sys/): the CLI's --root check (:func:`gpuprov.inputs.validate.root_problem`),
+    with ``host``, holds no sys/): the CLI's --root check (:func:`gpuprov.inputs.hostroot.root_problem`),
     since a root that is not there reads as a host with nothing on it."""
     problem = root_problem(module.params["root"], "root", captures=False, host=host)
     if problem:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..inputs.validate import root_problem
+from ..inputs.hostroot import root_problem
 from ..report.fleet import host_record
 
 ARGUMENT_SPEC: dict[str, Any] = {

@@ -10,7 +10,8 @@ from typing import Any
 
 from ..facts.host import gather
 from ..facts.sysfs import Sysfs
-from ..inputs.validate import Problems, pci_address, root_problem
+from ..inputs.hostroot import root_problem
+from ..inputs.validate import Problems, pci_address
 from ..report.inspect import build_report
 from ..rules.assess import assess
 

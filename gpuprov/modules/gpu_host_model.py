@@ -12,7 +12,7 @@ from typing import Any
 from ..core.plan import Plan, Refusal
 from ..facts.host import HostFacts, cpu_count, gather
 from ..facts.sysfs import Sysfs
-from ..inputs.validate import root_problem
+from ..inputs.hostroot import root_problem
 from ..model.host_model import HostModel
 from ..model.resolve import resolve
 from .common import warn_or_refuse
@@ -35,7 +35,7 @@ def declaration(host: Any, layouts: Any) -> dict[str, Any]:
 
 def checked_root(module: Any, root: str) -> str:
     """The module's ``root``, or the module fails as the CLI refuses its ``--root``
-    (:func:`gpuprov.inputs.validate.root_problem`): nothing there is not "a host with no devices"."""
+    (:func:`gpuprov.inputs.hostroot.root_problem`): nothing there is not "a host with no devices"."""
     problem = root_problem(root, "root", captures=False)
     if problem is not None:
         warn_or_refuse(module, Plan(refusals=[Refusal(problem, None)]), {})
