@@ -132,8 +132,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..facts.sysfs import Sysfs
     from ..facts.vm_storage import rom_problems
     from ..inputs.boundary import HOST_VARS_SETTINGS
+    from ..inputs.host_settings import check_settings
     from ..inputs.validate import Problems
-    from ..inputs.vm_list import check_settings
     from ..model.resolve import resolve
     from ..plan.vgpu import declared_mdevs
     from ..plan.vm.fit import check_declared_mdevs, plan_host

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..core.plan import Plan, Refusal
 from ..core.vm_spec import STATES, VM_KEYS, ConsoleCheck, HostSettings
+from .host_settings import check_settings
 from .validate import (
     MAX_GPUS,
     MAX_SECONDS,
@@ -41,7 +42,7 @@ from .validate import (
     text,
 )
 from .vgpu_request import SCHEDULERS, USES, parse_gpus
-from .vm_list import check_settings, merge_defaults, parse_vm
+from .vm_list import merge_defaults, parse_vm
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}")  # whole text (fullmatch): no trailing newline
 

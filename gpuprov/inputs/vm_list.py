@@ -1,6 +1,6 @@
 """One entry of the VM list -> a :class:`~gpuprov.core.vm_spec.VmSpec`, or every problem
-that stops it, each named by its field (``gpu_vms_list[2].cpuset``); the host settings
-checked the same way; defaults merged under entries.
+that stops it, each named by its field (``gpu_vms_list[2].cpuset``); defaults merged under
+entries. The host settings are checked the same way by :mod:`gpuprov.inputs.host_settings`.
 
 The field rules are those of :mod:`gpuprov.inputs.validate` (docs/reference/inputs.md);
 :mod:`gpuprov.inputs.boundary` (the input boundary) and
@@ -25,7 +25,6 @@ from ..core.vm_spec import (
     CloudInitSpec,
     DiskSpec,
     GpuSpec,
-    HostSettings,
     MdevSpec,
     VfSpec,
     VmSpec,
@@ -67,27 +66,6 @@ from .validate import (
 
 # A fixed namespace: an mdev without a UUID gets the same one on every run.
 _MDEV_NAMESPACE = uuidlib.UUID("6f1c3b52-8c0e-4a52-9d8e-0b7a6d1e2c41")
-
-
-def check_settings(settings: HostSettings, problems: Problems, names: dict[str, str] | None = None) -> list[int]:
-    """``settings`` against the input rules, problems named by ``names`` (field -> how the
-    input calls it: gpu_vms_reserved_cpus in a host_vars file); returns the CPUs kept for the host."""
-    names = names or {}
-    if settings.reserved_memory_mib is not None:
-        path = names.get("reserved_memory_mib", "reserved_memory_mib")
-        integer(problems, path, settings.reserved_memory_mib, 0, MAX_MEMORY_MIB, " MiB")
-    path = names.get("reserved_cpus", "reserved_cpus")
-    reserved: list[int] | None = None
-    if isinstance(settings.reserved_cpus, (str, int)) and not isinstance(settings.reserved_cpus, bool):
-        # A cpulist string, or one CPU number: what role gpu_vms passes on as its string option.
-        reserved = cpu_list(problems, path, str(settings.reserved_cpus))
-    else:
-        problems.add(
-            path, f"must be a cpulist, not {kind(settings.reserved_cpus)}", "write it as a quoted cpulist: '0-1,8'"
-        )
-    if not isinstance(settings.mixed_vgpu_types, bool):
-        boolean(problems, names.get("mixed_vgpu_types", "mixed_vgpu_types"), settings.mixed_vgpu_types)
-    return reserved or []
 
 
 class _Fields:

@@ -92,8 +92,8 @@ def resolve(doc: Any, facts: HostFacts, *, cpu_limit: int | None = None) -> Host
 
 def host_settings(values: dict[str, Any], names: dict[str, str], model: HostModel) -> HostSettings:
     """The host settings from ``values`` (keys of HOST_SETTINGS), checked; ``names``: how messages name them."""
+    from ..inputs.host_settings import check_settings
     from ..inputs.validate import Problems
-    from ..inputs.vm_list import check_settings
 
     reserved = values.get("reserved_cpus", "0")
     settings = HostSettings(

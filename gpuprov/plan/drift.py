@@ -38,7 +38,7 @@ from ..facts.fleet import FleetFacts
 from ..facts.host import HostFacts
 from ..facts.iommu import kernel_param, kernel_split, parse_cmdline
 from ..rules.assess import VFIO_DRIVERS
-from .host.cmdline import read_grub_variable
+from .host.grubvar import read_grub_variable
 
 NVIDIA = 0x10DE
 GRUB_VARIABLES = ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT")

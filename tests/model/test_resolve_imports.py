@@ -23,6 +23,12 @@ NOT_FOR_PASSTHROUGH = [
     "gpuprov.model.formats",
     "gpuprov.inputs.boundary",
     "gpuprov.facts.bootloader",
+    # The VM list's checks and uuid (the host settings are checked apart), and the kernel
+    # arguments' planner and rules (drift reads GRUB through plan.host.grubvar).
+    "gpuprov.inputs.vm_list",
+    "uuid",
+    "gpuprov.plan.host.cmdline",
+    "gpuprov.inputs.kernel_args",
 ]
 SCRIPT = """
 import json, sys

@@ -34,8 +34,9 @@ from typing import Any
 from ...core.plan import Refusal
 from ...core.vm_spec import HostPlan, HostSettings, Placement, VmSpec
 from ...facts.host import HostFacts, cpu_count
+from ...inputs.host_settings import check_settings
 from ...inputs.validate import MAX_VMS, Problems, sequence
-from ...inputs.vm_list import check_settings, parse_vm
+from ...inputs.vm_list import parse_vm
 from ...rules.assess import held_open, open_holders
 from .checks import (
     Ledger,
