@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -333,3 +334,13 @@ def test_the_cpu_split_puts_the_members_side_apart() -> None:
         fleet.cpu_split([one, ten]).splitlines()[1]
         == "  10 hosts, forks 10: 0.500 + 0.500 / 0.500 + 0.600 / 0.944 + 1.056"
     )
+
+
+def test_children_lists_a_process_s_live_children() -> None:
+    with subprocess.Popen(["sleep", "30"]) as child:
+        try:
+            assert child.pid in members.children(os.getpid())
+        finally:
+            child.kill()
+    assert child.pid not in members.children(os.getpid())
+    assert members.children(2**22 + 1) == []  # no such process

@@ -364,8 +364,9 @@ def timed(
         on_members = members.cpu() if members else 0.0
         start, used = time.perf_counter(), cpu_used()
         proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, check=False, cwd=REPO)
-        seconds, used = time.perf_counter() - start, cpu_used() - used
-    # Read once the session is closed: the sshds count a connection's CPU when it ends.
+        seconds = time.perf_counter() - start
+    # Read once the session is closed: the ssh masters and the sshds count a connection's CPU when it ends.
+    used = cpu_used() - used
     on_members = members.cpu() - on_members if members else 0.0
     return proc, seconds, used + on_members, on_members
 

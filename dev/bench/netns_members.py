@@ -26,9 +26,11 @@ pairs, namespaces and the bridge deleted, the keys removed. Needs root, ``ip`` (
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -44,6 +46,7 @@ NS_PREFIX, VETH_PREFIX = "gpf-m", "gpf-h"  # interface names: 15 characters at m
 # What --members ssh runs, and the Debian package that has it.
 NEEDS = {"ip": "iproute2", SSHD: "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
 READY_SECONDS = 60.0
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 
 
 class MembersRefused(Exception):
@@ -142,6 +145,14 @@ def _ip(args: list[str], batch: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args, "-batch", "-"], input=batch, capture_output=True, text=True, check=False)
 
 
+def children(pid: int) -> list[int]:
+    """The live children of single-threaded process ``pid``."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def leftovers() -> list[str]:
     """A previous run's bridge or namespaces (one killed with SIGKILL could not tear them down)."""
     found = [BRIDGE] if Path(f"/sys/class/net/{BRIDGE}").exists() else []
@@ -158,6 +169,7 @@ class SshMembers:
         self.key = self.keys / "client_key"
         self.sshd: list[subprocess.Popen[bytes]] = []
         self._up = False
+        self._reaper = False
 
     def start(self) -> None:
         problems = missing()
@@ -189,6 +201,12 @@ class SshMembers:
         config = self.keys / "sshd_config"
         config.write_text(sshd_config(self.keys))
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+        # ssh's ControlPersist masters detach from ansible-playbook: as their subreaper this process
+        # ends and reaps them after each play, so their CPU (the client side of every connection)
+        # is in its RUSAGE_CHILDREN, as a local run's is.
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise MembersRefused(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
+        self._reaper = True
         self._up = True  # from here on, close() has something to undo
         made = _ip(["-force"], network_up(self.count))
         if made.returncode != 0:
@@ -235,34 +253,48 @@ class SshMembers:
     @contextlib.contextmanager
     def session(self, env: dict[str, str]) -> Iterator[dict[str, str]]:
         """One play's environment: its own ssh ControlPath dir, so each play opens its connections
-        afresh (else a play would reuse the masters the previous play left for 60 s); the masters
-        are closed after it, outside its timing, and the sshds have reaped them on return."""
+        afresh (else a play would reuse the masters the previous play left for 60 s, or another
+        user's). After it, outside its timing, its masters are ended and reaped, and the sshds have
+        reaped their side."""
         control = Path(tempfile.mkdtemp(prefix="cp-", dir=self.keys))
         try:
             yield {**env, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control)}
         finally:
-            for sock in control.iterdir():
-                subprocess.run(
-                    ["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "member"], capture_output=True, check=False
-                )
+            self._end_masters()
             shutil.rmtree(control, ignore_errors=True)
             self._settle()
+
+    def _end_masters(self) -> None:
+        """End the ssh masters (this process's children other than the sshds, once ansible-playbook
+        has exited: the orphans it left us) by their pids, and reap them."""
+        if not self._reaper:
+            return
+        ours = {proc.pid for proc in self.sshd}
+        deadline = time.monotonic() + 10
+        ended: set[int] = set()
+        while time.monotonic() < deadline:
+            masters = [pid for pid in children(os.getpid()) if pid not in ours]
+            if not masters:
+                return
+            for pid in masters:
+                if pid not in ended:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
+                    ended.add(pid)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.02)
 
     def _settle(self) -> None:
         """Wait until every sshd has reaped its connections: a module run's CPU reaches the sshd's
         own counters (:meth:`cpu`) only once the connection that ran it has closed."""
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(self._children(proc.pid) for proc in self.sshd):
+        while time.monotonic() < deadline and any(children(proc.pid) for proc in self.sshd):
             time.sleep(0.05)
-
-    @staticmethod
-    def _children(pid: int) -> bool:
-        with contextlib.suppress(OSError):
-            return bool(Path(f"/proc/{pid}/task/{pid}/children").read_text().strip())
-        return False
 
     def close(self) -> None:
         """End each sshd by its pid, delete the veths, namespaces and bridge, remove the keys."""
+        self._end_masters()  # an interrupted play's
         for proc in self.sshd:
             if proc.poll() is None:
                 proc.terminate()
