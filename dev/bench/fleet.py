@@ -34,8 +34,9 @@ a bridge, with its own sshd and address, over real SSH (pipelining, a fresh conn
 each play, ``/usr/bin/python3`` on the member; dev/bench/netns_members.py says how and why, and
 tears it all down at the end, error or interrupt included). Root, iproute2 and openssh-server
 are needed (it says what is missing). The module still reads the member's staged root. The CPU
-figures then add the members' side (each sshd and what it ran), and a line splits each play's
-per-host CPU into the controller's and the members' shares.
+figures then hold the controller's side (ansible-playbook and its ssh masters, which the bench
+reaps) and the members' (each sshd and what it ran: the shells and modules), and a line splits
+each play's per-host CPU into the two.
 
 ``--lab`` adds the lab host (``python -m dev.lab up``, which this bench never starts or stops) as
 one real member, over SSH, of the facts-only and report plays: ``-i inventories/lab`` (its

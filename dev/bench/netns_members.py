@@ -10,17 +10,19 @@ runs as root to make namespaces). Ansible reaches each member as a remote host (
 the module reads the member's staged root (``gpuprov_root``), which the namespace shares with
 the controller's filesystem.
 
-Why namespaces, not containers: a member costs one idle sshd (about 5 MB, no CPU) and four
-``ip`` lines, so 200 members start in seconds on 2 cores and the connection is real TCP + SSH
+Why namespaces, not containers: a member costs one idle sshd (10 MB resident, mostly shared; no CPU) and six
+``ip`` batch lines, so 200 members start in seconds on 2 cores and the connection is real TCP + SSH
 to a separate sshd per host; 200 containers would each carry a runtime shim and an init, and
 their start-up and memory would compete with the plays being timed. What namespaces leave out
 against real hosts: the members share the controller's CPUs (a member's module time is on the
 same 2 cores, as with the local connection) and the network is a bridge, not a wire.
 
 Everything is torn down by :meth:`SshMembers.close` (the bench calls it in ``finally``, and
-turns SIGTERM/SIGHUP into an exit so that runs): each sshd ended by its own pid, the veth
-pairs, namespaces and the bridge deleted, the keys removed. Needs root, ``ip`` (iproute2),
-``/usr/sbin/sshd`` (openssh-server), ``ssh`` and ``ssh-keygen`` (openssh-client).
+turns SIGTERM/SIGHUP into an exit so that runs): the ssh masters a play left (the bench is their
+subreaper: it ends and reaps them after each play, so their CPU counts) and each sshd ended, each
+by its own pid; the veth pairs, namespaces and the bridge deleted; the keys removed. Needs root,
+``ip`` (iproute2), ``/usr/sbin/sshd`` (openssh-server), ``ssh`` and ``ssh-keygen``
+(openssh-client).
 """
 
 from __future__ import annotations
@@ -260,27 +262,27 @@ class SshMembers:
         try:
             yield {**env, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control)}
         finally:
-            self._end_masters()
+            self._end_orphans()
             shutil.rmtree(control, ignore_errors=True)
             self._settle()
 
-    def _end_masters(self) -> None:
-        """End the ssh masters (this process's children other than the sshds, once ansible-playbook
-        has exited: the orphans it left us) by their pids, and reap them."""
+    def _end_orphans(self) -> None:
+        """End this process's children other than the sshds, by their pids, and reap them: once
+        ansible-playbook has exited, the ssh masters it left us; once the sshds have exited, the
+        connections they served (sshd leaves them running)."""
         if not self._reaper:
             return
         ours = {proc.pid for proc in self.sshd}
-        deadline = time.monotonic() + 10
-        ended: set[int] = set()
-        while time.monotonic() < deadline:
-            masters = [pid for pid in children(os.getpid()) if pid not in ours]
-            if not masters:
+        began = time.monotonic()
+        while time.monotonic() - began < 10:
+            left = [pid for pid in children(os.getpid()) if pid not in ours]
+            if not left:
                 return
-            for pid in masters:
-                if pid not in ended:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGTERM)
-                    ended.add(pid)
+            # SIGTERM first (a master closes its connection cleanly), SIGKILL after 5 s.
+            sig = signal.SIGTERM if time.monotonic() - began < 5 else signal.SIGKILL
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
             time.sleep(0.02)
@@ -294,7 +296,7 @@ class SshMembers:
 
     def close(self) -> None:
         """End each sshd by its pid, delete the veths, namespaces and bridge, remove the keys."""
-        self._end_masters()  # an interrupted play's
+        self._end_orphans()  # an interrupted play's ssh masters
         for proc in self.sshd:
             if proc.poll() is None:
                 proc.terminate()
@@ -304,6 +306,9 @@ class SshMembers:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        # Connections still open (an interrupted play's) outlive their sshd, and once the network is
+        # gone no FIN would ever end them.
+        self._end_orphans()
         if self._up:
             _ip(["-force"], network_down(self.count))
         shutil.rmtree(self.keys, ignore_errors=True)
