@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import stat
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from .evidence import CHIPSET, DISPLAY, GROUPS, MissingEvidence, note
@@ -262,15 +263,17 @@ def _uevent_ids(text: str | None) -> dict[str, int | str]:
     return out
 
 
-def _read_link(sysfs: Sysfs, base: str, entries: list[str]) -> PciLink:
-    rd = sysfs.read
-    if "max_link_speed" not in entries and "current_link_speed" not in entries:
-        return PciLink()  # conventional PCI: no link attributes at all
+# A device's own link attributes, read together; a conventional PCI device has none.
+_LINK_ATTRS = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
+
+
+def _read_link(attrs: dict[str, str]) -> PciLink:
+    """The link from a device's attributes (read when it has any: :data:`_LINK_ATTRS`)."""
     link = PciLink(
-        current_speed=_link_speed(rd(f"{base}/current_link_speed")),
-        current_width=parse_int(rd(f"{base}/current_link_width")),
-        max_speed=_link_speed(rd(f"{base}/max_link_speed")),
-        max_width=parse_int(rd(f"{base}/max_link_width")),
+        current_speed=_link_speed(attrs.get("current_link_speed")),
+        current_width=parse_int(attrs.get("current_link_width")),
+        max_speed=_link_speed(attrs.get("max_link_speed")),
+        max_width=parse_int(attrs.get("max_link_width")),
     )
     # Width 0 or 255 shows a function with no link of its own (integrated, VFs).
     if link.max_width in (0, 255):
@@ -301,9 +304,9 @@ def _iommu_group(sysfs: Sysfs, base: str, address: str, missing: MissingEvidence
     return group
 
 
-def _boot_vga(sysfs: Sysfs, base: str, address: str, entries: list[str], missing: MissingEvidence | None) -> bool:
-    """boot_vga; the kernel shows it on every VGA-class device, so its absence there is unknown."""
-    text = sysfs.read(f"{base}/boot_vga") if "boot_vga" in entries else None
+def _boot_vga(sysfs: Sysfs, address: str, text: str | None, missing: MissingEvidence | None) -> bool:
+    """boot_vga (``text``, None when the device has none); the kernel shows it on every VGA-class
+    device, so its absence there is unknown."""
     if text not in ("0", "1"):
         problem = None if text is None else f"it reads {text[:20]!r}, not 0 or 1"
         note(
@@ -328,14 +331,22 @@ def read_pci_device(
     """One device's facts; every attribute a kernel may lack is optional.
     What the safety rules need and cannot be read goes into ``missing``."""
     base = sysfs.resolve(f"{PCI_DEVICES}/{address}")
-    return _read_device(sysfs, address, base, sysfs.listdir(base), reset_method_shown, {}, missing)
+    return _read_device(sysfs, address, base, sysfs.names(base), reset_method_shown, {}, missing)
+
+
+# Attributes a device may have, read together when its directory lists them (read_in); every
+# device has driver_override and revision (read whether listed or not, as the kernel shows them).
+_LISTED_ATTRS = ("uevent", "reset_method", "boot_vga", "sriov_totalvfs", "sriov_numvfs", "resource")
+_ALWAYS_ATTRS = ("driver_override", "revision")
+# What a VF takes from its PF (read_pci_devices): read only for a device without one read.
+_OWN_ATTRS = ("numa_node", "local_cpulist")
 
 
 def _read_device(
     sysfs: Sysfs,
     address: str,
     base: str,
-    entries: list[str],
+    entries: Collection[str],
     reset_method_shown: bool,
     pfs: dict[str, PciDevice],
     missing: MissingEvidence | None,
@@ -346,37 +357,44 @@ def _read_device(
     local CPUs: they are the PF's in the kernel too (a VF's own link fields are
     reserved), and a host with thousands of VFs is read in a third of the time.
     """
-    rd = sysfs.read
-    ids = _uevent_ids(rd(f"{base}/uevent")) if "uevent" in entries else {}
+    physfn = sysfs.link_name(f"{base}/physfn") if "physfn" in entries else None
+    pf = pfs.get(physfn) if physfn else None
+    wanted = [n for n in _LISTED_ATTRS if n in entries]
+    wanted += _ALWAYS_ATTRS
+    if pf is None:
+        wanted += _OWN_ATTRS
+        if "max_link_speed" in entries or "current_link_speed" in entries:
+            wanted += _LINK_ATTRS
+    attrs = sysfs.read_in(base, wanted)
+    get = attrs.get
+    ids = _uevent_ids(get("uevent"))
 
     def hex_attr(name: str) -> int | None:
         value = ids.get(name)
-        return value if isinstance(value, int) else parse_int(rd(f"{base}/{name}"), 16)
+        return value if isinstance(value, int) else parse_int(sysfs.read(f"{base}/{name}"), 16)
 
     if "driver" in ids:
         driver: str | None = str(ids["driver"])
     else:
         driver = sysfs.link_name(f"{base}/driver") if "driver" in entries else None
 
-    driver_override = rd(f"{base}/driver_override")
+    driver_override = get("driver_override")
     if driver_override in ("(null)", ""):
         driver_override = None
 
     reset_methods: list[str] | None = None
     if "reset_method" in entries:
-        reset_methods = (rd(f"{base}/reset_method") or "").split()
+        reset_methods = get("reset_method", "").split()
     elif reset_method_shown:
         reset_methods = []  # hidden by the kernel: the device has no reset method
 
-    physfn = sysfs.link_name(f"{base}/physfn") if "physfn" in entries else None
-    pf = pfs.get(physfn) if physfn else None
     if pf is not None:
         numa_node, local_cpulist, link = pf.numa_node, pf.local_cpulist, pf.link
     else:
-        numa = parse_int(rd(f"{base}/numa_node"))
+        numa = parse_int(get("numa_node"))
         numa_node = None if numa is None or numa < 0 else numa
-        local_cpulist = rd(f"{base}/local_cpulist")
-        link = _read_link(sysfs, base, entries)
+        local_cpulist = get("local_cpulist")
+        link = _read_link(attrs) if "max_link_speed" in entries or "current_link_speed" in entries else PciLink()
 
     class_code = hex_attr("class")
     if class_code is None:
@@ -392,9 +410,9 @@ def _read_device(
             rule=CHIPSET,
         )
     if class_code is not None and class_code >> 8 in VGA_CLASSES:
-        boot_vga = _boot_vga(sysfs, base, address, entries, missing)
+        boot_vga = _boot_vga(sysfs, address, get("boot_vga"), missing)
     else:
-        boot_vga = rd(f"{base}/boot_vga") == "1" if "boot_vga" in entries else False
+        boot_vga = get("boot_vga") == "1"
 
     return PciDevice(
         address=address,
@@ -403,7 +421,7 @@ def _read_device(
         subsystem_vendor_id=hex_attr("subsystem_vendor"),
         subsystem_device_id=hex_attr("subsystem_device"),
         class_code=class_code,
-        revision=parse_int(rd(f"{base}/revision"), 16),
+        revision=parse_int(get("revision"), 16),
         driver=driver,
         driver_override=driver_override,
         numa_node=numa_node,
@@ -414,10 +432,10 @@ def _read_device(
         iommu_group=_iommu_group(sysfs, base, address, missing) if "iommu_group" in entries else None,
         parent=_parent_address(base, address),
         sysfs_path=base,
-        sriov_totalvfs=(parse_int(rd(f"{base}/sriov_totalvfs")) if "sriov_totalvfs" in entries else None),
-        sriov_numvfs=(parse_int(rd(f"{base}/sriov_numvfs")) if "sriov_numvfs" in entries else None),
+        sriov_totalvfs=parse_int(get("sriov_totalvfs")),
+        sriov_numvfs=parse_int(get("sriov_numvfs")),
         physfn=physfn,
-        bars=parse_bars(rd(f"{base}/resource")) if "resource" in entries else None,
+        bars=parse_bars(get("resource")) if "resource" in entries else None,
     )
 
 
@@ -429,20 +447,39 @@ def read_pci_devices(sysfs: Sysfs, missing: MissingEvidence | None = None) -> di
     # A device's directory, as its parent's listing shows it (a bridge's devices, a PF's VFs, are
     # in the bridge's directory): no readlink of its sys/bus/pci/devices link. Every device the bus
     # lists is still read, those no listing placed (on a root bus, behind VMD) through their link.
-    placed: dict[str, str] = {}
+    placed: dict[str, tuple[str, str]] = {}  # address -> (its directory, its parent's)
+    pending: dict[str, int] = {}  # a parent's directory -> its devices not read yet
     listed = [a for a in sysfs.listdir(PCI_DEVICES) if PCI_ADDRESS_RE.match(a)]
     addresses = set(listed)
-    for address in listed:
-        base = placed.pop(address, None) or sysfs.resolve(f"{PCI_DEVICES}/{address}")
-        entries = sysfs.listdir(base)
-        dev = _read_device(sysfs, address, base, entries, shown, pfs, missing)
-        devices[address] = dev
-        if dev.sriov_totalvfs:
-            pfs[address] = dev
-        for name in addresses.intersection(entries):
-            # A real directory named as a device (never a link): the kernel's own layout.
-            if sysfs.kind(f"{base}/{name}") == stat.S_IFDIR:
-                placed[name] = f"{base}/{name}"
+    try:
+        for address in listed:
+            where = placed.pop(address, None)
+            if where is None:
+                base = sysfs.resolve(f"{PCI_DEVICES}/{address}")
+            else:
+                base, parent = where
+                pending[parent] -= 1
+                if not pending[parent]:
+                    sysfs.release(parent)
+            entries = sysfs.names(base)
+            dev = _read_device(sysfs, address, base, entries, shown, pfs, missing)
+            devices[address] = dev
+            if dev.sriov_totalvfs:
+                pfs[address] = dev
+            children = 0
+            for name in addresses.intersection(entries):
+                # A real directory named as a device (never a link): the kernel's own layout.
+                if sysfs.kind(f"{base}/{name}") == stat.S_IFDIR:
+                    placed[name] = (f"{base}/{name}", base)
+                    children += 1
+            if children:
+                # Its devices come after those of the bridges before it (address order): kept open
+                # for them, they are opened by name in it, not resolved from the root each.
+                pending[base] = children
+                sysfs.hold(base)
+    finally:
+        for parent in pending:
+            sysfs.release(parent)
     # A PF's VFs, from each VF's physfn link (one readlink per VF, not two).
     for address, dev in devices.items():
         if dev.physfn in devices:

@@ -14,14 +14,14 @@ opened, never a FIFO or a device. The live root is the kernel's own sysfs and pr
 kernel resolves its paths, and only the few files outside them are checked.
 
 How an untrusted root is read: a directory is opened once (the MAX_OPEN_DIRS used last stay
-open) and what is in it is opened relative to it, one name at a time with ``O_NOFOLLOW``,
-after its type is known (from the directory's listing, else ``fstatat``): a final link is read
-and followed here, by name. The directory itself is resolved by the kernel with openat2's
-``RESOLVE_IN_ROOT`` (:mod:`gpuprov.facts.openat2`), as is a link read in a directory not open
-(``O_PATH | O_NOFOLLOW``, then ``readlinkat``); where the kernel lacks openat2 (before 5.6, or a
-seccomp filter refuses it, or ``GPUPROV_NO_OPENAT2`` is set), by a walk in Python, every link
-read and followed inside the root, the directory then opened one component at a time with
-``O_NOFOLLOW``. Both give the same answers (tests/facts/test_sysfs_openat2.py).
+open, and those a reader holds, :meth:`Sysfs.hold`) and what is in it is opened relative to it,
+one name at a time with ``O_NOFOLLOW``, after its type is known (from the directory's listing,
+else ``fstatat``): a final link is read and followed here, by name. The directory itself is
+resolved by the kernel with openat2's ``RESOLVE_IN_ROOT`` (:mod:`gpuprov.facts.openat2`), as is
+a link read in a directory not open (``O_PATH | O_NOFOLLOW``, then ``readlinkat``); where the
+kernel lacks openat2 (before 5.6, or a seccomp filter refuses it, or ``GPUPROV_NO_OPENAT2`` is
+set), by a walk in Python, every link read and followed inside the root, the directory then
+opened one component at a time with ``O_NOFOLLOW``. Both give the same answers (tests/facts/test_sysfs_openat2.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import operator
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 from .openat2 import Opener, opener
 
@@ -52,6 +52,9 @@ MAX_LINK_HOPS = 40
 # Directories of an untrusted root kept open (the oldest is closed first): inspect reads a
 # device directory at a time, and a few readers may be alive at once.
 MAX_OPEN_DIRS = 16
+# Directories held open beside those (Sysfs.hold): a bridge whose devices are read later, after
+# those of the bridges before it in address order.
+MAX_HELD_DIRS = 64
 # Components of a directory opened by the walk (a path of PATH_MAX has at most 2048).
 _MAX_DEPTH = 2048
 # Regular files only, and opening never waits (a FIFO opens at once, then fstat refuses it).
@@ -95,6 +98,8 @@ class Sysfs:
         self._open_in_root: Opener | None = None
         # ...directories kept open, by key: the path as asked (openat2) or its real path (walk)...
         self._fds: dict[str, int] = {}
+        # ...those of them held open (Sysfs.hold), not closed to make room...
+        self._held: set[str] = set()
         # ...a listed directory's entries (their types, from d_type), by the same key...
         self._listed: dict[str, dict[str, os.DirEntry[str]]] = {}
         # ...and, for the walk, root-relative path -> its real path inside the root.
@@ -115,6 +120,7 @@ class Sysfs:
         """Close the directories kept open (reading again opens them again)."""
         fds = list(self._fds.values())
         self._fds.clear()
+        self._held.clear()
         self._listed.clear()
         if self._root_fd is not None and self._root_fd >= 0:
             fds.append(self._root_fd)
@@ -176,27 +182,39 @@ class Sysfs:
                     if found is None or found[2] != stat.S_IFREG:
                         return None
                     dir_fd, name = found[0], found[1]
-                fd = os.open(name, _OPEN_CONFINED, dir_fd=dir_fd)
-                if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since it was checked
-                    os.close(fd)
+                fd = _open_regular(name, dir_fd)
+                if fd < 0:
                     return None
         except (OSError, ValueError):  # ValueError: a NUL in a path built from read data
             return None
-        try:
-            data = os.read(fd, _CHUNK)
-            if rel.startswith("sys/"):
-                return data
-            chunks = [data]
-            total = len(data)
-            while data and total < MAX_READ_BYTES:
-                data = os.read(fd, _CHUNK)
-                chunks.append(data)
-                total += len(data)
-            return b"".join(chunks)
-        except (OSError, ValueError):
-            return None
-        finally:
-            os.close(fd)
+        return _read_fd(fd, not rel.startswith("sys/"))
+
+    def read_in(self, rel: str, names: Iterable[str]) -> dict[str, str]:
+        """``{name: text}`` of each of ``names`` in the directory ``rel`` that reads, each text as
+        :meth:`read` gives it (and traced as it would be). A directory of an untrusted root just
+        listed and still open reads its regular files by name with no lookup each: a device's
+        attributes, thousands of times on a host with thousands of VFs."""
+        out: dict[str, str] = {}
+        dir_fd = self._fds.get(rel, -1) if self._prefix and rel.startswith("sys/") else -1
+        listed = self._listed.get(rel) if dir_fd >= 0 else None
+        trace = self.trace
+        for name in names:
+            entry = listed.get(name) if listed is not None else None
+            if entry is None or not entry.is_file(follow_symlinks=False):
+                text = self.read(f"{rel}/{name}")  # anything else: the one general way
+                if text is not None:
+                    out[name] = text
+                continue
+            if trace is not None:
+                trace.append(("read", f"{rel}/{name}"))
+            try:
+                fd = _open_regular(name, dir_fd)
+            except (OSError, ValueError):
+                continue
+            raw = None if fd < 0 else _read_fd(fd, False)
+            if raw is not None:
+                out[name] = raw.decode("utf-8", "replace").strip()
+        return out
 
     def _open_live(self, rel: str) -> int:
         """Open a file of the running machine. sysfs and procfs hold no FIFOs or devices, so
@@ -226,11 +244,21 @@ class Sysfs:
 
     def try_listdir(self, rel: str) -> list[str] | None:
         """Like :meth:`listdir`, but ``None`` when the directory cannot be read."""
+        names = self._list(rel)
+        return None if names is None else sorted(names)
+
+    def names(self, rel: str) -> Collection[str]:
+        """The names in a directory, unsorted (for ``in`` tests: no sort, no list to search);
+        empty when absent or unreadable. Traced as a listing."""
+        names = self._list(rel)
+        return () if names is None else names
+
+    def _list(self, rel: str) -> Collection[str] | None:
         if self.trace is not None:
             self.trace.append(("listdir", rel))
         try:
             if not self._prefix:
-                return sorted(os.listdir(f"/{rel}"))
+                return set(os.listdir(f"/{rel}"))
             found = self._dir(rel)
             if found is None:
                 return None
@@ -243,7 +271,7 @@ class Sysfs:
         if len(kinds) > MAX_DIR_ENTRIES:
             return None  # more than a real host has: unknown, not a partial answer
         self._listed[found[1]] = kinds
-        return sorted(kinds)
+        return kinds.keys()
 
     def readlink(self, rel: str) -> str | None:
         """Target of a symlink as stored (relative in sysfs); ``None`` if not a link."""
@@ -496,12 +524,25 @@ class Sysfs:
                 return None
         return fd, real
 
+    def hold(self, rel: str) -> None:
+        """Keep the directory ``rel`` open (when it is, and fewer than MAX_HELD_DIRS are held) until
+        :meth:`release`: what is in it is read later, after other directories."""
+        # Only a directory kept under the path asked (always with openat2; a real path on the walk).
+        if len(self._held) < MAX_HELD_DIRS and rel in self._fds:
+            self._held.add(rel)
+
+    def release(self, rel: str) -> None:
+        """Let :meth:`hold`'s directory be closed again to make room."""
+        self._held.discard(rel)
+
     def _keep(self, key: str, fd: int) -> None:
         """Keep ``fd`` open as ``key``, closing the oldest kept one past MAX_OPEN_DIRS (its listing
-        goes with it: an entry of unknown type is looked up through its directory's descriptor)."""
+        goes with it: an entry of unknown type is looked up through its directory's descriptor);
+        held ones (:meth:`hold`) are not closed, nor counted."""
         fds = self._fds
-        if len(fds) >= MAX_OPEN_DIRS:
-            old = next(iter(fds))
+        held = self._held
+        while len(fds) - len(held) >= MAX_OPEN_DIRS:  # a loop: down to the limit once released
+            old = next(k for k in fds if k not in held)
             self._listed.pop(old, None)
             os.close(fds.pop(old))
         fds[key] = fd
@@ -618,3 +659,33 @@ def _kind(entry: os.DirEntry[str]) -> int:
     if entry.is_dir(follow_symlinks=False):
         return stat.S_IFDIR
     return stat.S_IFLNK if entry.is_symlink() else stat.S_IFIFO  # FIFO stands for "anything else"
+
+
+def _open_regular(name: str, dir_fd: int) -> int:
+    """``name`` in ``dir_fd`` opened for reading, never followed and never waiting; -1 when it is
+    not a regular file (swapped since its type was checked)."""
+    fd = os.open(name, _OPEN_CONFINED, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _read_fd(fd: int, whole: bool) -> bytes | None:
+    """The bytes of an open file, which is closed: one read of a sysfs attribute (a page at
+    most), or with ``whole`` to EOF up to MAX_READ_BYTES (procfs comes a page at a time)."""
+    try:
+        data = os.read(fd, _CHUNK)
+        if not whole:
+            return data
+        chunks = [data]
+        total = len(data)
+        while data and total < MAX_READ_BYTES:
+            data = os.read(fd, _CHUNK)
+            chunks.append(data)
+            total += len(data)
+        return b"".join(chunks)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)

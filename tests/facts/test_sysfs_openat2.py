@@ -339,6 +339,54 @@ def test_directories_kept_open_are_bounded_and_closed(tmp_path, mode) -> None:
     assert len(os.listdir("/proc/self/fd")) == before
 
 
+def test_held_directories_stay_open_bounded_and_are_released(tmp_path, mode) -> None:
+    """A held directory outlives MAX_OPEN_DIRS others (a bridge whose devices come later); holds are
+    bounded by MAX_HELD_DIRS, and once released the kept ones come back down to MAX_OPEN_DIRS."""
+    root = tmp_path / "root"
+    many = sysfs_mod.MAX_HELD_DIRS + 2 * sysfs_mod.MAX_OPEN_DIRS
+    for i in range(many + 1):
+        (root / f"sys/d{i}").mkdir(parents=True)
+        (root / f"sys/d{i}/f").write_text(str(i))
+    before = len(os.listdir("/proc/self/fd"))
+    s = Sysfs(str(root))
+    for i in range(many):
+        assert s.names(f"sys/d{i}") == {"f"}
+        s.hold(f"sys/d{i}")
+    assert len(s._held) == sysfs_mod.MAX_HELD_DIRS and set(s._held) <= set(s._fds)
+    assert "sys/d0" in s._fds  # held: still open, and its listing's types still known
+    assert s.read_in("sys/d0", ["f", "missing"]) == {"f": "0"}
+    # The root, the held ones and MAX_OPEN_DIRS others, no more.
+    assert len(os.listdir("/proc/self/fd")) - before <= sysfs_mod.MAX_HELD_DIRS + sysfs_mod.MAX_OPEN_DIRS + 1
+    for i in range(many):
+        s.release(f"sys/d{i}")
+    assert s.read(f"sys/d{many}/f") == str(many)  # one more opened: the rest closed down to the limit
+    assert not s._held and len(s._fds) <= sysfs_mod.MAX_OPEN_DIRS
+    s.close()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_read_in_reads_as_read(tmp_path, mode) -> None:
+    """A directory's files read together: each as read() gives it, links followed inside the root,
+    nothing that is not a regular file opened, and every read traced."""
+    root = tmp_path / "root"
+    (root / DEVICE).mkdir(parents=True)
+    (root / DEVICE / "a").write_text(" 0x10de\n")
+    (root / DEVICE / "empty").write_text("")
+    os.mkfifo(root / DEVICE / "fifo")
+    (root / "etc").mkdir()
+    (root / "etc/inside").write_text("inside")
+    os.symlink("/etc/inside", root / DEVICE / "abs-link")
+    names = ["a", "empty", "fifo", "abs-link", "missing", "."]
+    for listed in (False, True):
+        s = Sysfs(str(root), trace=True)
+        if listed:
+            s.names(DEVICE)
+        got = bounded(lambda s=s: s.read_in(DEVICE, names))
+        assert got == {n: t for n in names if (t := Sysfs(str(root)).read(f"{DEVICE}/{n}")) is not None}
+        assert got == {"a": "0x10de", "empty": "", "abs-link": "inside"}
+        assert [rel for op, rel in s.trace or [] if op == "read"] == [f"{DEVICE}/{n}" for n in names]
+
+
 def test_a_directory_replaced_while_kept_open_reads_its_new_files(tmp_path, mode) -> None:
     """A file written (or replaced) after its directory was opened is read; a directory renamed away is
     the one still open (as a process's cwd would be), so staged roots that change write files in place."""
