@@ -5,9 +5,12 @@ each of these makes its IOMMU group untouchable."""
 from __future__ import annotations
 
 import re
-import socket
 import stat
 import struct
+
+# socket's C half: socket.py's own functions are these, and importing socket.py (its enums,
+# selectors) was a few ms of every inspect, which needs only the two conversions.
+from _socket import inet_aton, inet_ntoa
 from dataclasses import dataclass, field
 
 from .evidence import DISPLAY, IN_USE, NETWORK, STORAGE, MissingEvidence, garbled, how_to_read, note
@@ -299,11 +302,11 @@ def _mark_block_usage(
 
 def _hex_ipv4(text: str) -> str:
     # /proc/net/route prints the network-order u32 in host byte order.
-    return socket.inet_ntoa(struct.pack("=I", int(text, 16)))
+    return inet_ntoa(struct.pack("=I", int(text, 16)))
 
 
 def _prefix_len(mask_hex: str) -> int:
-    return bin(struct.unpack("!I", socket.inet_aton(_hex_ipv4(mask_hex)))[0]).count("1")
+    return bin(struct.unpack("!I", inet_aton(_hex_ipv4(mask_hex)))[0]).count("1")
 
 
 _HEX8 = re.compile(r"^[0-9A-Fa-f]{8}$")
@@ -369,7 +372,7 @@ def _local_ipv4(sysfs: Sysfs, missing: MissingEvidence | None) -> list[str]:
         if stripped.startswith("|--"):
             last = stripped[3:].strip()
             try:
-                socket.inet_aton(last)
+                inet_aton(last)
             except OSError:  # 999.1.1.1
                 note(
                     missing, sysfs, "IPv4 addresses", "proc/net/fib_trie", garbled(i, line, "an address"), rule=NETWORK
@@ -382,13 +385,13 @@ def _local_ipv4(sysfs: Sysfs, missing: MissingEvidence | None) -> list[str]:
 
 def _owner_of(address: str, routes: list[tuple[str, str, str, int]]) -> str | None:
     # The interface whose connected (gateway-less) route covers the address.
-    addr = struct.unpack("!I", socket.inet_aton(address))[0]
+    addr = struct.unpack("!I", inet_aton(address))[0]
     best: tuple[int, str] | None = None
     for iface, dest, gateway, plen in routes:
         if gateway != "0.0.0.0" or plen == 0:
             continue
         mask = (0xFFFFFFFF << (32 - plen)) & 0xFFFFFFFF
-        if addr & mask == struct.unpack("!I", socket.inet_aton(dest))[0] & mask:
+        if addr & mask == struct.unpack("!I", inet_aton(dest))[0] & mask:
             if best is None or plen > best[0]:
                 best = (plen, iface)
     return best[1] if best else None
