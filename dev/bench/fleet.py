@@ -3,9 +3,9 @@
 Each fake host is an inventory entry with ``ansible_connection: local`` (or, with ``--members
 ssh``, a host of its own reached over SSH, below) and its own staged root: a copy of a real
 capture (``tests/fixtures/hosts``, unpacked by the CLI's own safe reader) plus a GRUB defaults
-file that already holds the IOMMU arguments. In the same run,
-over the same hosts and forks, three plays are timed (``time.perf_counter`` around
-``ansible-playbook``, and the per-task profile of ``ansible.posix.profile_tasks``):
+file that already holds the IOMMU arguments. In the same run, over the same hosts and forks,
+three plays are timed (``time.perf_counter`` around ``ansible-playbook``, and the per-task
+profile of ``ansible.posix.profile_tasks``):
 
 * facts-only: ``gpuprov.kvm.gpu_host_facts`` on the staged root;
 * no-op converge, the host stage of ``playbooks/hosts.yml``: ``gpu_host_plan`` plans
