@@ -221,7 +221,7 @@ def test_iommu_came_on_through_the_hosts_own_grub(host):
     # The role edited GRUB's defaults by argument (quiet kept), update-grub wrote the menu, GRUB booted it.
     grub = host.file("/etc/default/grub").content_string
     assert 'GRUB_CMDLINE_LINUX_DEFAULT="quiet intel_iommu=on iommu=pt"' in grub, grub
-    assert 'GRUB_CMDLINE_LINUX="console=ttyS0 panic=-1"' in grub, grub
+    assert 'GRUB_CMDLINE_LINUX="console=ttyS0 panic=-1 no_timer_check"' in grub, grub
     assert "intel_iommu=on iommu=pt" in host.file("/boot/grub/grub.cfg").content_string
     assert host.file("/sys/class/iommu/dmar0").exists
     assert int(host.check_output("ls /sys/kernel/iommu_groups | wc -l")) >= 8
