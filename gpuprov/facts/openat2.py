@@ -38,8 +38,11 @@ _MACHINES = {
     "s390x",
     "loongarch64",
 }
-# A rename or mount moved something during the lookup: the kernel asks to try again.
-_RETRIES = 4
+# A rename or mount anywhere on the system during the lookup (RESOLVE_IN_ROOT checks the global
+# rename and mount sequence counts): the kernel asks to try again. On a busy machine four tries
+# were not always enough (a test's `holders` listing read as unreadable once, at a load of 24),
+# and an unreadable directory is reported as missing evidence; each try costs microseconds.
+_RETRIES = 64
 
 # (dirfd, path, flags) -> fd, raising OSError; None when unavailable.
 Opener = Callable[[int, str, int], int]
