@@ -19,11 +19,12 @@ APT_PACKAGES=(python3 python3-venv python3-pip pciutils pci.ids)
 # the guest_container_toolkit scenario makes a test key with gpg and fetches
 # Debian packages for its offline directory (debian-archive-keyring); the vgpu module
 # test checks its mdevctl definitions with the real mdevctl; the topology test draws the
-# SVG/HTML picture in headless chromium and looks at the screenshot.
+# SVG/HTML picture in headless chromium and looks at the screenshot; the fleet bench's test checks
+# its SSH members' sshd config with sshd -t (openssh-server).
 if [[ ,${1:-}, == *,test,* || ,${1:-}, == *,dev,* ]]; then
   APT_PACKAGES+=(gcc pkg-config python3-dev libvirt-dev libvirt-clients libxml2-utils qemu-utils genisoimage
     libvirt-daemon-system qemu-system-x86 ovmf dnsmasq-base iptables iproute2 debootstrap openssh-client gpg debian-archive-keyring
-    mdevctl chromium)
+    mdevctl chromium openssh-server)
 fi
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
