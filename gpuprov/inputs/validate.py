@@ -28,7 +28,7 @@ from ..core.plan import Refusal
 from ..core.vm_spec import ROM_DIR
 from ..facts.numa import MAX_CPUS
 from ..facts.pci import PciAddressError, normalize_address
-from .hostroot import root_problem, shown  # noqa: F401 - root_problem: its old home, still importable
+from .hostroot import shown
 
 # Limits (docs/reference/inputs.md, "Limits"); MAX_CPUS bounds facts and inputs alike.
 MAX_VCPUS = 4096  # QEMU's q35 maximum

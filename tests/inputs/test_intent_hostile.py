@@ -24,7 +24,7 @@ from gpuprov.core.vm_spec import HostSettings
 from gpuprov.facts.host import HostFacts, gather
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.facts.usage import guest_of_cmdline
-from gpuprov.inputs.validate import root_problem
+from gpuprov.inputs.hostroot import root_problem
 from gpuprov.model.convert import ConvertError, convert
 from gpuprov.model.resolve import resolve
 from gpuprov.plan.vm.fit import plan_host
