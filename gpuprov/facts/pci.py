@@ -361,9 +361,11 @@ def _read_device(
     pf = pfs.get(physfn) if physfn else None
     wanted = [n for n in _LISTED_ATTRS if n in entries]
     wanted += _ALWAYS_ATTRS
+    # Conventional PCI shows no link attributes at all.
+    has_link = "max_link_speed" in entries or "current_link_speed" in entries
     if pf is None:
         wanted += _OWN_ATTRS
-        if "max_link_speed" in entries or "current_link_speed" in entries:
+        if has_link:
             wanted += _LINK_ATTRS
     attrs = sysfs.read_in(base, wanted)
     get = attrs.get
@@ -394,7 +396,7 @@ def _read_device(
         numa = parse_int(get("numa_node"))
         numa_node = None if numa is None or numa < 0 else numa
         local_cpulist = get("local_cpulist")
-        link = _read_link(attrs) if "max_link_speed" in entries or "current_link_speed" in entries else PciLink()
+        link = _read_link(attrs) if has_link else PciLink()
 
     class_code = hex_attr("class")
     if class_code is None:
