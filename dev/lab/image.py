@@ -729,6 +729,11 @@ def cached_image(lab: Path, loader: str) -> Path | None:
         key = image_key(lab, loader)[0]
     except debpkg.CommandError:
         return None
+    return _finished(lab, key)
+
+
+def _finished(lab: Path, key: str) -> Path | None:
+    """The image of ``key`` when its build finished (its info.json is written last), else None."""
     out = lab / "images" / key
     if not (out / "info.json").exists():
         return None
@@ -745,10 +750,9 @@ def _ensure_image(lab: Path, rebuild: bool, loader: str) -> Path:
         say("apt-get update (apt knows none of the image's packages yet)")
         debpkg.sh(["apt-get", "update", "-q"], env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
         key, pkgs, kver, pubkey = image_key(lab, loader)
-    out = lab / "images" / key
-    if (out / "info.json").exists() and not rebuild:
-        say(f"image {key}: cached")
-        return out
+    cached = None if rebuild else _finished(lab, key)
+    if cached is not None:
+        return cached
     if os.geteuid() != 0:
         raise LabError("building the lab image needs root (debootstrap, chroot): run as root once")
     ensure_tools(BUILD_TOOLS)
