@@ -434,19 +434,21 @@ def _check_refused(refusals: list[Any], layouts: dict[str, Any], fragment: str, 
     assert any(fragment in m for m in messages), messages
     assert all(r.fix for r in refusals), [r for r in refusals if not r.fix]
     assert all(len(m) < 1000 for m in messages), "a message repeats a huge value"
-    assert time.monotonic() - started < 5
+    # CPU time, not wall time: a loaded CI machine stretches the wall clock, not the work done
+    # (nothing here waits: the parsers take Python values).
+    assert time.process_time() - started < 5
 
 
 @pytest.mark.parametrize(("doc", "fragment"), [c[1:] for c in HOSTILE_MIG], ids=[c[0] for c in HOSTILE_MIG])
 def test_hostile_mig_parted_file_is_refused_naming_the_field(doc: Any, fragment: str) -> None:
-    started = time.monotonic()
+    started = time.process_time()
     layouts, refusals = layouts_from_mig_parted(doc)
     _check_refused(refusals, layouts, fragment, started)
 
 
 @pytest.mark.parametrize(("doc", "fragment"), [c[1:] for c in HOSTILE_VGPU], ids=[c[0] for c in HOSTILE_VGPU])
 def test_hostile_vgpu_device_manager_file_is_refused_naming_the_field(doc: Any, fragment: str) -> None:
-    started = time.monotonic()
+    started = time.process_time()
     layouts, refusals = layouts_from_vgpu_device_manager(doc)
     _check_refused(refusals, layouts, fragment, started)
 

@@ -453,7 +453,7 @@ def test_wait_for_vfs_returns_once_their_vgpu_files_exist(nvidia) -> None:
     root = nvidia()
     sysfs = Sysfs(str(root))
     # Every VF has its file: at once, far inside the timeout (a wait that never sees them takes all 10 s).
-    assert timed(lambda: wait_for_vfs(sysfs, [A100], timeout=10)) < 2
+    assert timed(lambda: wait_for_vfs(sysfs, [A100], timeout=10)) < 5
     # One VF without it yet: the whole timeout.
     late = root / f"sys/bus/pci/devices/{A100}/virtfn1/nvidia/current_vgpu_type"
     late.unlink()
