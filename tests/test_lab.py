@@ -260,3 +260,34 @@ def test_inventory_overrides_are_json_for_ansible_playbook(monkeypatch, tmp_path
     assert extra["ansible_ssh_private_key_file"] == f"{tmp_path}/elsewhere/id_ed25519"
     option = shlex.split(common.overrides_option(extra))
     assert option[0] == "-e" and json.loads(option[1]) == extra
+
+
+def test_a_second_instance_has_its_own_run_dir_known_hosts_and_overrides(monkeypatch, tmp_path: Path) -> None:
+    """molecule/lab_boot's lab host beside molecule/lab's: the images and key shared, the rest its own."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    default = tmp_path / ".cache/gpuprov/lab"
+    monkeypatch.delenv(common.INSTANCE_ENV, raising=False)
+    assert common.run_dir(default) == default / "run" and common.known_hosts(default) == default / "known_hosts"
+    monkeypatch.setenv(common.INSTANCE_ENV, "boot")
+    assert common.run_dir(default) == default / "run-boot"
+    assert common.known_hosts(default) == default / "run-boot/known_hosts"
+    extra = common.inventory_overrides(default, 2523)
+    assert extra is not None and extra["ansible_port"] == 2523
+    assert f"UserKnownHostsFile={default}/run-boot/known_hosts" in str(extra["ansible_ssh_common_args"])
+    assert extra["ansible_ssh_private_key_file"] == f"{default}/id_ed25519"
+    # The same instance on the default port still needs its known_hosts named.
+    assert common.inventory_overrides(default, common.DEFAULT_PORT) is not None
+    # molecule/lab_boot's inventory names what the instance makes.
+    hosts = yaml.safe_load((REPO / "molecule/lab_boot/hosts.yml").read_text())["gpu_hosts"]["hosts"]["lab-gpu-host"]
+    scenario = yaml.safe_load((REPO / "molecule/lab_boot/molecule.yml").read_text())
+    env = scenario["provisioner"]["env"]
+    assert env == scenario["verifier"]["env"] and env[common.INSTANCE_ENV] == "boot"
+    assert hosts["ansible_port"] == int(env[common.PORT_ENV])
+    assert "~/.cache/gpuprov/lab/run-boot/known_hosts" in hosts["ansible_ssh_common_args"]
+
+
+@pytest.mark.parametrize("name", ["../run", "a/b", "UPPER", "x" * 17, "-lead", "sp ace"])
+def test_an_instance_name_that_could_leave_the_lab_dir_is_refused(monkeypatch, name: str) -> None:
+    monkeypatch.setenv(common.INSTANCE_ENV, name)
+    with pytest.raises(common.LabError, match=common.INSTANCE_ENV):
+        common.run_dir(Path("/nonexistent/lab"))

@@ -26,7 +26,9 @@ from .common import (
     default_port,
     ensure_tools,
     inventory_overrides,
+    known_hosts,
     overrides_option,
+    run_dir,
     say,
 )
 from .image import DEFAULT_LOADER, ensure_image
@@ -34,10 +36,6 @@ from .image import DEFAULT_LOADER, ensure_image
 # ---------------------------------------------------------------- the running lab host
 
 QMP_EVENTS = "qmp-events.sock"  # the QMP monitor `watchdog` listens on for QEMU's events
-
-
-def run_dir(lab: Path) -> Path:
-    return lab / "run"
 
 
 def read_state(lab: Path) -> dict:
@@ -192,7 +190,7 @@ def ssh_argv(lab: Path, port: int, tty: bool = False) -> list[str]:
         "-p",
         str(port),
         "-o",
-        f"UserKnownHostsFile={lab / 'known_hosts'}",
+        f"UserKnownHostsFile={known_hosts(lab)}",
         "-o",
         "StrictHostKeyChecking=yes",
         "-o",
@@ -278,7 +276,7 @@ def up(
             debpkg.sh(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", backing, overlay])
         shutil.copy(OVMF_VARS, run / "OVMF_VARS.fd")
     info = json.loads((image / "info.json").read_text())
-    (lab / "known_hosts").write_text(f"[127.0.0.1]:{port} {info['host_key']}\n")
+    known_hosts(lab).write_text(f"[127.0.0.1]:{port} {info['host_key']}\n")
     argv = qemu_argv(lab, image, port, loader, one_node)
     (run / "qemu.argv").write_text(json.dumps(argv) + "\n")
     (run / "console.log").write_bytes(b"")
