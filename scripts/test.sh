@@ -96,23 +96,51 @@ run_molecule_docker() {
   return $rc
 }
 
-# The lab lane (above). molecule/lab and molecule/lab_boot boot the GRUB image (built when its
-# inputs changed); molecule/lab_boot also boots the systemd-boot image, which is built at nice 10
-# while molecule/lab runs (its `up --loader systemd-boot` finds it cached, or waits for the
-# build: dev/lab's build lock).
+# The lab lane (above). Its two scenarios run side by side, each on a lab host of its own
+# (molecule/lab_boot's is the lab's instance `boot`: its molecule.yml), each QEMU one thread
+# (dev/lab/debpkg.py): about a core each. Both boot the GRUB image (built first when its inputs
+# changed); molecule/lab_boot also boots the systemd-boot image, built at nice 10 beside them
+# (its `up --loader systemd-boot` finds it cached, or waits for the build: dev/lab's build lock).
+# Each scenario's output is stamped as it comes and printed whole, one after the other, at the end.
 lab_lane() {
-  local rc=0 start=$SECONDS sdboot
+  local rc=0 start=$SECONDS sdboot lab
+  # Each verifier test named as it ends (the stamps time it) and the slowest listed.
+  export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -v --durations=10"
   echo "=== test.sh (lab lane): python -m dev.lab image"
-  python -m dev.lab image || rc=1
-  nice -n 10 python -m dev.lab image --loader systemd-boot >"$logs/lab-image-systemd-boot.log" 2>&1 &
+  python -m dev.lab image 2>&1 | stamp || rc=1
+  # The collection once, before the two scenarios' dependency steps find it built.
+  python3 dev/tools/build_collection.py 2>&1 | stamp || rc=1
+  nice -n 10 python -m dev.lab image --loader systemd-boot 2>&1 | stamp >"$logs/lab-image-systemd-boot.log" &
   sdboot=$!
-  molecule_test lab "$logs/lab.rows" || rc=1
-  echo "=== test.sh (lab lane): python -m dev.lab image --loader systemd-boot (built beside molecule/lab)"
-  wait $sdboot || echo "test.sh (lab lane): that build failed; molecule/lab_boot builds it again" >&2
-  cat "$logs/lab-image-systemd-boot.log"
-  molecule_test lab_boot "$logs/lab.rows" || rc=1
+  molecule_test lab "$logs/lab.rows" 2>&1 | stamp >"$logs/molecule-lab.log" &
+  lab=$!
+  molecule_test lab_boot "$logs/lab.rows" 2>&1 | stamp >"$logs/molecule-lab_boot.log" || rc=1
+  wait $lab || rc=1
+  wait $sdboot || echo "test.sh (lab lane): the systemd-boot image's build beside failed (molecule/lab_boot built it)"
+  for log in lab-image-systemd-boot molecule-lab molecule-lab_boot; do
+    echo "=== test.sh (lab lane): $log.log"
+    cat "$logs/$log.log"
+  done
   echo $((SECONDS - start)) >"$logs/lab.seconds"
   return $rc
+}
+
+# stamp: each line of standard input prefixed with the seconds since test.sh began and the
+# load average then (builtins only: no process per line).
+stamp() {
+  local line load _
+  while IFS= read -r line; do
+    read -r load _ </proc/loadavg
+    printf '%5ds load %5s  %s\n' $((SECONDS - total)) "$load" "$line"
+  done
+}
+
+# The lab lane's milestones from its stamped log, for the end of the run (what CI shows of a
+# run is its tail): where its time went, and how loaded the machine was.
+lab_milestones() {
+  echo "=== test.sh: the lab lane's milestones (seconds since the start, load average)"
+  grep -aE '=== test.sh|\] Executing$|Executed: Failed|(PASSED|FAILED|SKIPPED|ERROR) +\[|boot-trial timing:|[0-9.]+s (call|setup|teardown) ' \
+    "$logs/lab.log" | cut -c1-150 || true
 }
 
 # The collection gpuprov.kvm as a user gets it: its tarball (scripts/build-collection.sh),
@@ -168,6 +196,7 @@ stop_lab_lane() {
   if [[ -n $lab_pid ]]; then
     kill -- -"$lab_pid" 2>/dev/null || true
     python -m dev.lab down --force >/dev/null 2>&1 || true
+    GPUPROV_LAB_INSTANCE=boot python -m dev.lab down --force >/dev/null 2>&1 || true
   fi
 }
 trap stop_lab_lane EXIT
@@ -231,6 +260,8 @@ if [[ $molecule == yes ]]; then
   for rows in "$logs/docker.rows" "$logs/lab.rows"; do
     [[ -f $rows ]] && mapfile -t -O ${#molecule_rows[@]} molecule_rows <"$rows"
   done
+  echo
+  lab_milestones
 fi
 
 echo
