@@ -11,9 +11,10 @@
 #
 # Two lanes share the machine (CI's 2 cores; docs/development/timings.md has the figures):
 #   - the lab lane: the scenarios on the emulated lab host (molecule/lab, molecule/lab_boot:
-#     QEMU TCG, python -m dev.lab), the longest chain, much of it boots and watchdog waits.
-#     It starts as soon as the Debian packages and the Docker engine are in, in the
-#     background; its output goes to a log, printed when the rest is done;
+#     QEMU TCG, python -m dev.lab), side by side on two lab hosts of a core each, the longest
+#     chain, much of it boots and watchdog waits. It starts as soon as the Debian packages and
+#     the Docker engine are in, in the background; its output goes to a log, printed when the
+#     rest is done, and its milestones close the run;
 #   - everything else, beside it, at nice 10: it takes the CPU the emulated host leaves, so
 #     the lab host's boots, whose watchdogs count real seconds, are not slowed by it.
 # With CI=true a skipped test fails pytest unless tests/skip_policy.py allows its reason.
