@@ -98,15 +98,18 @@ run_molecule_docker() {
 }
 
 # The lab lane (above). Its two scenarios run side by side, each on a lab host of its own
-# (molecule/lab_boot's is the lab's instance `boot`: its molecule.yml), each QEMU one thread
-# (dev/lab/debpkg.py): about a core each. Both boot the GRUB image (built first when its inputs
-# changed); molecule/lab_boot also boots the systemd-boot image, built at nice 10 beside them
-# (its `up --loader systemd-boot` finds it cached, or waits for the build: dev/lab's build lock).
+# (molecule/lab_boot's is the lab's instance `boot`: its molecule.yml), each QEMU one TCG
+# thread (GPUPROV_LAB_TCG_THREAD): about a core each. Both boot the GRUB image (built first
+# when its inputs changed); molecule/lab_boot also boots the systemd-boot image, built at
+# nice 10 beside them (its `up --loader systemd-boot` finds it cached, or waits for the
+# build: dev/lab's build lock).
 # Each scenario's output is stamped as it comes and printed whole, one after the other, at the end.
 lab_lane() {
   local rc=0 start=$SECONDS sdboot lab
   # Each verifier test named as it ends (the stamps time it) and the slowest listed.
   export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -v --durations=10"
+  # A core per lab host (dev/lab/debpkg.py qemu_accel): two hosts and the other lane share two.
+  export GPUPROV_LAB_TCG_THREAD=single
   echo "=== test.sh (lab lane): python -m dev.lab image"
   python -m dev.lab image 2>&1 | stamp || rc=1
   # The collection once, before the two scenarios' dependency steps find it built.

@@ -291,3 +291,21 @@ def test_an_instance_name_that_could_leave_the_lab_dir_is_refused(monkeypatch, n
     monkeypatch.setenv(common.INSTANCE_ENV, name)
     with pytest.raises(common.LabError, match=common.INSTANCE_ENV):
         common.run_dir(Path("/nonexistent/lab"))
+
+
+def test_the_lab_hosts_tcg_threads_come_from_the_environment(monkeypatch, tmp_path: Path) -> None:
+    """One TCG thread where scripts/test.sh runs two lab hosts beside the tests; QEMU's default alone."""
+    from dev.lab import boot
+
+    def accel() -> str:
+        argv = boot.qemu_argv(tmp_path, tmp_path / "image", 2522)
+        return argv[argv.index("-accel") + 1]
+
+    monkeypatch.delenv(common.TCG_THREAD_ENV, raising=False)
+    assert accel() == "tcg,thread=multi"
+    monkeypatch.setenv(common.TCG_THREAD_ENV, "single")
+    assert accel() == "tcg,thread=single"
+    monkeypatch.setenv(common.TCG_THREAD_ENV, "many")
+    with pytest.raises(common.LabError, match=common.TCG_THREAD_ENV):
+        accel()
+    assert "GPUPROV_LAB_TCG_THREAD=single" in (REPO / "scripts/test.sh").read_text()

@@ -30,6 +30,7 @@ from .common import (
     overrides_option,
     run_dir,
     say,
+    tcg_thread,
 )
 from .image import DEFAULT_LOADER, ensure_image
 
@@ -107,6 +108,7 @@ def qemu_argv(lab: Path, image: Path, port: int, loader: str = DEFAULT_LOADER, o
     run = run_dir(lab)
     return [
         *debpkg.QEMU_HOST,
+        *debpkg.qemu_accel(tcg_thread()),
         "-name",
         HOSTNAME,
         *(ONE_NODE_ARGV if one_node else two_node_argv()),

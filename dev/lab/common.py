@@ -21,6 +21,9 @@ PORT_ENV = "GPUPROV_LAB_PORT"
 # dir, known_hosts and port; the images and the SSH key in the lab dir are shared.
 INSTANCE_ENV = "GPUPROV_LAB_INSTANCE"
 INSTANCE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")
+# The lab host's TCG threads (debpkg.qemu_accel): multi alone (scripts/main.sh), single where
+# two lab hosts and the tests share two cores (scripts/test.sh's lab lane).
+TCG_THREAD_ENV = "GPUPROV_LAB_TCG_THREAD"
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 BOOT_TIMEOUT = 900  # seconds for SSH to answer after QEMU starts (TCG on 2 cores: about 1 minute)
@@ -45,6 +48,14 @@ def instance() -> str | None:
     if name is not None and not INSTANCE_NAME.fullmatch(name):
         raise LabError(f"{INSTANCE_ENV}={name!r}: give a short name of a-z, 0-9 and '-' (or unset it)")
     return name
+
+
+def tcg_thread() -> str:
+    """${TCG_THREAD_ENV}: multi (the default) or single."""
+    thread = os.environ.get(TCG_THREAD_ENV) or "multi"
+    if thread not in debpkg.TCG_THREADS:
+        raise LabError(f"{TCG_THREAD_ENV}={thread!r}: give {' or '.join(debpkg.TCG_THREADS)} (or unset it)")
+    return thread
 
 
 def run_dir(lab: Path) -> Path:
