@@ -106,7 +106,8 @@ run_molecule_docker() {
 # Each scenario's output is stamped as it comes and printed whole, one after the other, at the end.
 lab_lane() {
   local rc=0 start=$SECONDS sdboot lab
-  # Each verifier test named as it ends (the stamps time it) and the slowest listed.
+  # Each verifier test named as it ends (the stamps time it: the whole log) and the slowest
+  # listed (the milestones).
   export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -v --durations=10"
   # A core per lab host (dev/lab/debpkg.py qemu_accel): two hosts and the other lane share two.
   export GPUPROV_LAB_TCG_THREAD=single
@@ -143,8 +144,8 @@ stamp() {
 # run is its tail): where its time went, and how loaded the machine was.
 lab_milestones() {
   echo "=== test.sh: the lab lane's milestones (seconds since the start, load average)"
-  grep -aE '=== test.sh|\] Executing$|Executed: Failed|(PASSED|FAILED|SKIPPED|ERROR) +\[|boot-trial timing:|[0-9.]+s (call|setup|teardown) ' \
-    "$logs/lab.log" | cut -c1-150 || true
+  grep -aE '=== test.sh|\] Executing$|Executed: Failed|::test_.* (FAILED|ERROR)|boot-trial timing:|[0-9.]+s (call|setup|teardown) ' \
+    "$logs/lab.log" | sed -E 's#(molecule/[a-z_]+/)?tests/[a-z_]+\.py::##; s#ansible://lab-gpu-host-?##' | cut -c1-160 || true
 }
 
 # The collection gpuprov.kvm as a user gets it: its tarball (scripts/build-collection.sh),
