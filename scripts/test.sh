@@ -11,10 +11,10 @@
 #
 # Two lanes share the machine (CI's 2 cores; docs/development/timings.md has the figures):
 #   - the lab lane: the scenarios on the emulated lab host (molecule/lab, molecule/lab_boot:
-#     QEMU TCG, python -m dev.lab), side by side on two lab hosts of a core each, the longest
-#     chain, much of it boots and watchdog waits. It starts as soon as the Debian packages and
-#     the Docker engine are in, in the background; its output goes to a log, printed when the
-#     rest is done, and its milestones close the run;
+#     QEMU TCG, python -m dev.lab), the longest chain, much of it boots and watchdog waits.
+#     It starts as soon as the Debian packages and the Docker engine are in, in the
+#     background; its output goes to a log, printed when the rest is done, and its milestones
+#     close the run;
 #   - everything else, beside it, at nice 10: it takes the CPU the emulated host leaves, so
 #     the lab host's boots, whose watchdogs count real seconds, are not slowed by it.
 # With CI=true a skipped test fails pytest unless tests/skip_policy.py allows its reason.
@@ -97,35 +97,24 @@ run_molecule_docker() {
   return $rc
 }
 
-# The lab lane (above). Its two scenarios run side by side, each on a lab host of its own
-# (molecule/lab_boot's is the lab's instance `boot`: its molecule.yml), each QEMU one TCG
-# thread (GPUPROV_LAB_TCG_THREAD): about a core each. Both boot the GRUB image (built first
-# when its inputs changed); molecule/lab_boot also boots the systemd-boot image, built at
-# nice 10 beside them (its `up --loader systemd-boot` finds it cached, or waits for the
-# build: dev/lab's build lock).
-# Each scenario's output is stamped as it comes and printed whole, one after the other, at the end.
+# The lab lane (above). molecule/lab and molecule/lab_boot boot the GRUB image (built when its
+# inputs changed); molecule/lab_boot also boots the systemd-boot image, which is built at nice 10
+# while molecule/lab runs (its `up --loader systemd-boot` finds it cached, or waits for the
+# build: dev/lab's build lock). Its output is stamped as it comes (stamp, below).
 lab_lane() {
-  local rc=0 start=$SECONDS sdboot lab
+  local rc=0 start=$SECONDS sdboot
   # Each verifier test named as it ends (the stamps time it: the whole log) and the slowest
   # listed (the milestones).
   export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -v --durations=10"
-  # A core per lab host (dev/lab/debpkg.py qemu_accel): two hosts and the other lane share two.
-  export GPUPROV_LAB_TCG_THREAD=single
   echo "=== test.sh (lab lane): python -m dev.lab image"
-  python -m dev.lab image 2>&1 | stamp || rc=1
-  # The collection once, before the two scenarios' dependency steps find it built.
-  python3 dev/tools/build_collection.py 2>&1 | stamp || rc=1
-  nice -n 10 python -m dev.lab image --loader systemd-boot 2>&1 | stamp >"$logs/lab-image-systemd-boot.log" &
+  python -m dev.lab image || rc=1
+  nice -n 10 python -m dev.lab image --loader systemd-boot >"$logs/lab-image-systemd-boot.log" 2>&1 &
   sdboot=$!
-  molecule_test lab "$logs/lab.rows" 2>&1 | stamp >"$logs/molecule-lab.log" &
-  lab=$!
-  molecule_test lab_boot "$logs/lab.rows" 2>&1 | stamp >"$logs/molecule-lab_boot.log" || rc=1
-  wait $lab || rc=1
-  wait $sdboot || echo "test.sh (lab lane): the systemd-boot image's build beside failed (molecule/lab_boot built it)"
-  for log in lab-image-systemd-boot molecule-lab molecule-lab_boot; do
-    echo "=== test.sh (lab lane): $log.log"
-    cat "$logs/$log.log"
-  done
+  molecule_test lab "$logs/lab.rows" || rc=1
+  echo "=== test.sh (lab lane): python -m dev.lab image --loader systemd-boot (built beside molecule/lab)"
+  wait $sdboot || echo "test.sh (lab lane): that build failed; molecule/lab_boot builds it again" >&2
+  cat "$logs/lab-image-systemd-boot.log"
+  molecule_test lab_boot "$logs/lab.rows" || rc=1
   echo $((SECONDS - start)) >"$logs/lab.seconds"
   return $rc
 }
@@ -201,13 +190,17 @@ stop_lab_lane() {
   if [[ -n $lab_pid ]]; then
     kill -- -"$lab_pid" 2>/dev/null || true
     python -m dev.lab down --force >/dev/null 2>&1 || true
-    GPUPROV_LAB_INSTANCE=boot python -m dev.lab down --force >/dev/null 2>&1 || true
   fi
 }
 trap stop_lab_lane EXIT
 if [[ $molecule == yes ]]; then
   set -m
-  lab_lane </dev/null >"$logs/lab.log" 2>&1 &
+  # A subshell, so that $! is the process group and wait gives lab_lane's status (not stamp's).
+  (
+    set +m
+    lab_lane </dev/null 2>&1 | stamp >"$logs/lab.log"
+    exit "${PIPESTATUS[0]}"
+  ) &
   lab_pid=$!
   set +m
   echo "=== test.sh: the lab lane (molecule ${LAB_SCENARIOS[*]}) runs in the background: $logs/lab.log"

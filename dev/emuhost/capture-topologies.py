@@ -83,18 +83,7 @@ MODULES = [
 
 KERNEL_ARGS = "console=ttyS0 intel_iommu=on iommu=pt panic=-1"
 # The emulated host machine (debpkg.QEMU_HOST), as a capture boots it.
-QEMU = [
-    *debpkg.QEMU_HOST,
-    *debpkg.qemu_accel(),
-    "-smp",
-    "2",
-    "-m",
-    "1024",
-    "-nodefaults",
-    "-display",
-    "none",
-    "-no-reboot",
-]
+QEMU = [*debpkg.QEMU_HOST, "-smp", "2", "-m", "1024", "-nodefaults", "-display", "none", "-no-reboot"]
 
 
 def rp(n, dev):

@@ -26,17 +26,18 @@ from .common import (
     default_port,
     ensure_tools,
     inventory_overrides,
-    known_hosts,
     overrides_option,
-    run_dir,
     say,
-    tcg_thread,
 )
 from .image import DEFAULT_LOADER, ensure_image
 
 # ---------------------------------------------------------------- the running lab host
 
 QMP_EVENTS = "qmp-events.sock"  # the QMP monitor `watchdog` listens on for QEMU's events
+
+
+def run_dir(lab: Path) -> Path:
+    return lab / "run"
 
 
 def read_state(lab: Path) -> dict:
@@ -108,7 +109,6 @@ def qemu_argv(lab: Path, image: Path, port: int, loader: str = DEFAULT_LOADER, o
     run = run_dir(lab)
     return [
         *debpkg.QEMU_HOST,
-        *debpkg.qemu_accel(tcg_thread()),
         "-name",
         HOSTNAME,
         *(ONE_NODE_ARGV if one_node else two_node_argv()),
@@ -192,7 +192,7 @@ def ssh_argv(lab: Path, port: int, tty: bool = False) -> list[str]:
         "-p",
         str(port),
         "-o",
-        f"UserKnownHostsFile={known_hosts(lab)}",
+        f"UserKnownHostsFile={lab / 'known_hosts'}",
         "-o",
         "StrictHostKeyChecking=yes",
         "-o",
@@ -278,7 +278,7 @@ def up(
             debpkg.sh(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", backing, overlay])
         shutil.copy(OVMF_VARS, run / "OVMF_VARS.fd")
     info = json.loads((image / "info.json").read_text())
-    known_hosts(lab).write_text(f"[127.0.0.1]:{port} {info['host_key']}\n")
+    (lab / "known_hosts").write_text(f"[127.0.0.1]:{port} {info['host_key']}\n")
     argv = qemu_argv(lab, image, port, loader, one_node)
     (run / "qemu.argv").write_text(json.dumps(argv) + "\n")
     (run / "console.log").write_bytes(b"")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -17,13 +16,6 @@ from . import debpkg
 HOSTNAME = "lab-gpu-host"
 DEFAULT_PORT = 2522
 PORT_ENV = "GPUPROV_LAB_PORT"
-# A second lab host beside the first (molecule/lab_boot's, while molecule/lab runs): its own run
-# dir, known_hosts and port; the images and the SSH key in the lab dir are shared.
-INSTANCE_ENV = "GPUPROV_LAB_INSTANCE"
-INSTANCE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")
-# The lab host's TCG threads (debpkg.qemu_accel): multi alone (scripts/main.sh), single where
-# two lab hosts and the tests share two cores (scripts/test.sh's lab lane).
-TCG_THREAD_ENV = "GPUPROV_LAB_TCG_THREAD"
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 BOOT_TIMEOUT = 900  # seconds for SSH to answer after QEMU starts (TCG on 2 cores: about 1 minute)
@@ -42,43 +34,15 @@ def default_port() -> int:
     return int(os.environ.get(PORT_ENV) or DEFAULT_PORT)
 
 
-def instance() -> str | None:
-    """The lab host's instance name (${INSTANCE_ENV}), None for the default one."""
-    name = os.environ.get(INSTANCE_ENV) or None
-    if name is not None and not INSTANCE_NAME.fullmatch(name):
-        raise LabError(f"{INSTANCE_ENV}={name!r}: give a short name of a-z, 0-9 and '-' (or unset it)")
-    return name
-
-
-def tcg_thread() -> str:
-    """${TCG_THREAD_ENV}: multi (the default) or single."""
-    thread = os.environ.get(TCG_THREAD_ENV) or "multi"
-    if thread not in debpkg.TCG_THREADS:
-        raise LabError(f"{TCG_THREAD_ENV}={thread!r}: give {' or '.join(debpkg.TCG_THREADS)} (or unset it)")
-    return thread
-
-
-def run_dir(lab: Path) -> Path:
-    """The running lab host's files (overlays, console, QMP sockets, state): one per instance."""
-    name = instance()
-    return lab / ("run" if name is None else f"run-{name}")
-
-
-def known_hosts(lab: Path) -> Path:
-    """The lab host's key as SSH knows it: the lab dir's for the default instance (inventories/lab
-    names it), the instance's own otherwise (each has its port; the images' keys differ)."""
-    return lab / "known_hosts" if instance() is None else run_dir(lab) / "known_hosts"
-
-
 def inventory_overrides(lab: Path, port: int) -> dict[str, object] | None:
     """The variables inventories/lab needs when the lab is not where it assumes (None when it is),
     for ``ansible-playbook -e JSON``."""
-    if lab == Path.home() / ".cache/gpuprov/lab" and port == DEFAULT_PORT and instance() is None:
+    if lab == Path.home() / ".cache/gpuprov/lab" and port == DEFAULT_PORT:
         return None
     return {
         "ansible_port": port,
         "ansible_ssh_private_key_file": f"{lab}/id_ed25519",
-        "ansible_ssh_common_args": f"-o UserKnownHostsFile={known_hosts(lab)} -o IdentitiesOnly=yes",
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={lab}/known_hosts -o IdentitiesOnly=yes",
     }
 
 

@@ -157,24 +157,16 @@ def build_mtty(kver: str, ko: Path, debs: Path) -> Path:
 
 # The emulated GPU host both the lab and dev/emuhost boot: q35 with an Intel
 # IOMMU (interrupt remapping needs the split irqchip), TCG (KVM hangs on these
-# machines: qemu_accel), an Intel CPU without the hypervisor bit to match the IOMMU and
-# look like bare metal (TCG has no VT-x). The vCPUs and memory are each user's (the lab: two NUMA nodes).
+# machines), an Intel CPU without the hypervisor bit to match the IOMMU and look
+# like bare metal (TCG has no VT-x). The vCPUs and memory are each user's (the lab: two NUMA nodes).
 QEMU_HOST = [
     "qemu-system-x86_64",
     "-machine",
     "q35,kernel-irqchip=split",
+    "-accel",
+    "tcg",
     "-cpu",
     "Nehalem,-hypervisor",
     "-device",
     "intel-iommu,intremap=on,caching-mode=on",
 ]
-TCG_THREADS = ("multi", "single")
-
-
-def qemu_accel(thread: str = "multi") -> list[str]:
-    """TCG with a host thread per vCPU (multi: QEMU's default, the fastest on an idle machine) or all
-    vCPUs on one (single: one core at most; the lab's four vCPU threads took both of CI's cores and
-    starved the tests beside them: molecule/lab 2,377 s in CI, 1,302 s alone)."""
-    if thread not in TCG_THREADS:
-        raise ValueError(f"TCG thread {thread!r}: one of {', '.join(TCG_THREADS)}")
-    return ["-accel", f"tcg,thread={thread}"]

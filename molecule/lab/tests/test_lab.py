@@ -46,7 +46,7 @@ converge_killed_in = _conftest.converge_killed_in
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from dev.lab.boot import LARGE_BAR_BUS, LARGE_BAR_GIB, POWER_CYCLE, RESET_BY_LAB, read_state, ssh_argv  # noqa: E402
-from dev.lab.common import lab_dir, run_dir  # noqa: E402
+from dev.lab.common import lab_dir  # noqa: E402
 from dev.lab.image import NESTED_BEGIN, NESTED_DETAIL  # noqa: E402
 from gpuprov.facts.numa import parse_cpulist  # noqa: E402
 
@@ -455,8 +455,8 @@ def test_the_committed_host_comes_back_from_every_reboot_by_itself(host):
     Two more reboots after the one above: each comes back (SSH, a new boot id) through GRUB's default entry,
     and neither the lab's BMC (a boot with no login prompt) nor its power cycle (a reset the
     firmware never answered) had to step in (run/watchdog.log, dev/lab/boot.py)."""
-    log = run_dir(lab_dir()) / "watchdog.log"
-    console = run_dir(lab_dir()) / "console.log"
+    log = lab_dir() / "run" / "watchdog.log"
+    console = lab_dir() / "run" / "console.log"
 
     def interventions() -> list[str]:
         lines = log.read_text().splitlines() if log.exists() else []

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
 from dev.lab.boot import RESET_BY_GUEST, RESET_BY_LAB  # noqa: E402
-from dev.lab.common import lab_dir, run_dir  # noqa: E402
+from dev.lab.common import lab_dir  # noqa: E402
 
 # molecule/conftest.py's runner (the folder's name is the molecule package's: loaded by path).
 _spec = importlib.util.spec_from_file_location("gpuprov_molecule_conftest", REPO / "molecule" / "conftest.py")
@@ -38,7 +38,7 @@ _spec.loader.exec_module(_conftest)
 run_converge = _conftest.run_converge
 converge_killed_in = _conftest.converge_killed_in
 
-RUN = run_dir(lab_dir())  # this scenario's instance (molecule.yml)
+RUN = lab_dir() / "run"
 TIMINGS: dict[str, float] = {}
 # The files that make the default boot, per bootloader: byte for byte the same after a failed trial.
 DEFAULT_FILES = {
