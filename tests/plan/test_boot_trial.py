@@ -170,7 +170,7 @@ def test_arm_writes_a_trial_entry_and_a_one_shot_and_leaves_the_default_alone(tm
     # The trial line: the default entry's, its IOMMU argument replaced, the trial's own added.
     assert p.trial_args == (
         f"root=UUID={UUID} ro console=ttyS0 panic=10 quiet intel_iommu=on iommu=pt "
-        f"gpuprov.trial={p.trial_id} i6300esb.heartbeat=150"
+        f"gpuprov.trial={p.trial_id} i6300esb.heartbeat=300"
     )
     applied(tmp_path, p)
     assert (tmp_path / "etc/default/grub").read_bytes() == default_before
