@@ -46,12 +46,24 @@ step() {
   return 0
 }
 
+# with_failures LABEL CMD...: runs CMD (a pytest run), its output also kept, and its FAILED and
+# ERROR lines (pytest's short summary) added to failed-tests under LABEL, for the end of the run:
+# CI shows a run's tail, where the summary is.
+with_failures() {
+  local label=$1 rc=0 out
+  shift
+  out=$(mktemp -p "$logs" pytest.XXXXXX)
+  "$@" 2>&1 | tee "$out" || rc=${PIPESTATUS[0]}
+  grep -aE '^(FAILED|ERROR) ' "$out" | sed "s#^#  ($label) #" >>"$logs/failed-tests" || true
+  return $rc
+}
+
 # run_pytest PYTHON ARGS...: pytest exits 5 when it collected nothing: that is a
 # failure here, not a pass.
 run_pytest() {
   local python=$1 rc=0
   shift
-  "$python" -m pytest "$@" || rc=$?
+  with_failures "python $(python_version "$python")" "$python" -m pytest "$@" || rc=$?
   if [[ $rc -eq 5 ]]; then
     echo "test.sh: pytest collected no tests" >&2
     return 1
@@ -82,7 +94,7 @@ LAB_SCENARIOS=(lab lab_boot)
 molecule_test() {
   local scenario=$1 rows=$2 start=$SECONDS status=ok
   echo "=== test.sh: molecule test -s $scenario"
-  molecule test --no-command-borders -s "$scenario" </dev/null || status=FAIL
+  with_failures "molecule $scenario" molecule test --no-command-borders -s "$scenario" </dev/null || status=FAIL
   printf '  molecule %-23s %-6s %4ss\n' "$scenario" $status $((SECONDS - start)) >>"$rows"
   [[ $status == ok ]]
 }
@@ -242,7 +254,7 @@ fi
 # own python3.9 in a chroot of a bullseye minbase (scripts/py39.sh: built and cached by its inputs
 # under ${GPUPROV_CACHE:-$HOME/.cache/gpuprov}/py39; the CLI's and the package's tests, not the
 # controller's), the properties at 15 examples as in the pass above.
-GPUPROV_HYPOTHESIS_EXAMPLES=15 step "pytest (Debian 11 python3.9)" scripts/py39.sh -n 2 --dist loadfile "$@"
+GPUPROV_HYPOTHESIS_EXAMPLES=15 step "pytest (Debian 11 python3.9)" with_failures "python 3.9" scripts/py39.sh -n 2 --dist loadfile "$@"
 step "yamllint" yamllint --strict .
 step "ansible-lint" ansible-lint
 if [[ $molecule == yes ]]; then
@@ -265,6 +277,10 @@ fi
 echo
 echo "=== test.sh summary ($((SECONDS - total))s)"
 printf '%s\n' "${results[@]}" ${molecule_rows[@]+"${molecule_rows[@]}"}
+if [[ -s $logs/failed-tests ]]; then
+  echo "=== test.sh: the tests that failed (pytest's short summary, per Python)"
+  cut -c1-300 "$logs/failed-tests"
+fi
 if ((failed)); then
   echo "test.sh: FAILED" >&2
   exit 1
