@@ -8,8 +8,6 @@ The proofs on the booted lab host are dev/tools/lab-boot-proof.sh (docs/developm
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -252,19 +250,3 @@ def test_a_reset_is_told_from_a_poweroff_and_a_quit() -> None:
         assert boot.reset_reason(event(reason)) is None, reason
     assert boot.reset_reason({"event": "RESET", "data": {"guest": True, "reason": "guest-reset"}}) is None
     assert boot.reset_reason({"event": "SHUTDOWN"}) is None
-
-
-def test_the_lab_hosts_qemu_gets_its_sessions_group_first() -> None:
-    """QEMU daemonizes into a session of its own, an autogroup the kernel weighs against test.sh's
-    whatever their nice values: `favour` lowers that group's nice (dev/lab/boot.py says why)."""
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    try:
-        group = Path(f"/proc/{proc.pid}/autogroup")
-        boot.favour(proc.pid)
-        if Path("/proc/self/autogroup").exists() and os.geteuid() == 0:
-            assert group.read_text().split()[-1] == str(boot.QEMU_GROUP_NICE), group.read_text()
-            assert Path("/proc/self/autogroup").read_text().split()[-1] != str(boot.QEMU_GROUP_NICE)
-    finally:
-        proc.kill()
-        proc.wait()
-    boot.favour(proc.pid)  # gone: nothing to do, no error

@@ -309,27 +309,6 @@ def start_qemu(lab: Path) -> None:
     r = subprocess.run(argv, capture_output=True, text=True, cwd=run, check=False)
     if r.returncode:
         raise LabError(f"QEMU did not start: {r.stderr.strip()}")
-    pid = qemu_pid(lab)
-    if pid:
-        favour(pid)
-
-
-# The lab host's boots are timed in real seconds (its BMC's limit, the trial boot's i6300esb), so
-# its QEMU comes first on a busy machine (scripts/test.sh runs the other tests beside it). Nice
-# alone does not do that: with the kernel's autogroups (Debian's default, sched_autogroup_enabled)
-# each session's processes share one scheduling group, the groups share the CPUs equally, and
-# nice ranks processes within a group only. QEMU daemonizes into a session of its own: beside
-# test.sh's session it got half the machine however niced the tests were (seen 2026-11-27: the
-# lab's four vCPUs on one core, a boot to SSH 144 s instead of 20-26, a good trial boot past its
-# watchdog). Its group's nice is lowered instead (-10: weight 9548 against a session's 1024).
-QEMU_GROUP_NICE = -10
-
-
-def favour(pid: int) -> None:
-    """QEMU's session first for the CPUs (above); a kernel without autogroups, or a user who may
-    not raise a priority, leaves it as it is."""
-    with suppress(OSError):
-        Path(f"/proc/{pid}/autogroup").write_text(f"{QEMU_GROUP_NICE}\n")
 
 
 def power_cycle(lab: Path, pid: int) -> int | None:
