@@ -16,7 +16,10 @@
 #     background; its output goes to a log, printed when the rest is done, and its milestones
 #     close the run;
 #   - everything else, beside it, at nice 10: it takes the CPU the emulated host leaves, so
-#     the lab host's boots, whose watchdogs count real seconds, are not slowed by it.
+#     the lab host's boots, whose watchdogs count real seconds, are not slowed by it. Nice
+#     ranks this session's processes (the lab lane's Ansible above the rest); the lab host's
+#     QEMU runs in a session of its own, which dev/lab's `favour` puts first (the kernel's
+#     autogroups share the CPUs between sessions, whatever their processes' nice values).
 # With CI=true a skipped test fails pytest unless tests/skip_policy.py allows its reason.
 # Every step runs even when an earlier one failed; a summary closes the run and
 # the exit status is non-zero when any step failed.
@@ -35,13 +38,27 @@ fi
 results=()
 molecule_rows=()
 failed=0
+# children_cpu: sets cpu_seconds to the CPU seconds (user + system) of this shell's ended
+# children so far (bash's `times`, second line; run in this shell, not in a $(...)), to the second.
+# Where a step's time went on a full machine: its wall time says how long it waited, this how much
+# it worked (the lab host's QEMU, a daemon, is in neither).
+cpu_seconds=0
+children_cpu() {
+  times >"$logs/times"
+  cpu_seconds=$(tail -n 1 "$logs/times" | tr 'ms' '  ' | awk '{printf "%d\n", $1 * 60 + $2 + $3 * 60 + $4}')
+}
+
 # step NAME CMD...: run, time, record; never stops the run.
 step() {
-  local name=$1 start=$SECONDS rc=0
+  local name=$1 start=$SECONDS rc=0 cpu
   shift
+  children_cpu
+  cpu=$cpu_seconds
   echo "=== test.sh: $name: $*"
   "$@" || rc=$?
-  results+=("$(printf '%-32s %-6s %4ss' "$name" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" $((SECONDS - start)))")
+  children_cpu
+  results+=("$(printf '%-32s %-6s %4ss  CPU %4ss' "$name" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
+    $((SECONDS - start)) $((cpu_seconds - cpu)))")
   [[ $rc -eq 0 ]] || failed=1
   return 0
 }
