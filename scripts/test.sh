@@ -16,10 +16,11 @@
 #     background; its output goes to a log, printed when the rest is done, and its milestones
 #     close the run;
 #   - everything else, beside it, at nice 10: it takes the CPU the emulated host leaves, so
-#     the lab host's boots, whose watchdogs count real seconds, are not slowed by it. Nice
-#     ranks this session's processes (the lab lane's Ansible above the rest); the lab host's
-#     QEMU runs in a session of its own, which dev/lab's `favour` puts first (the kernel's
-#     autogroups share the CPUs between sessions, whatever their processes' nice values).
+#     the lab lane's Ansible and tests are not slowed by it. Nice ranks this session's
+#     processes only: the lab host's QEMU daemonizes into a session of its own, and the kernel's
+#     autogroups share the CPUs between sessions whatever their nice values, so QEMU gets about
+#     half the machine beside this lane. Given more (its group's nice lowered, tried 2026-11-27)
+#     it burnt more CPU, not less time, and this lane starved (docs/development/timings.md).
 # With CI=true a skipped test fails pytest unless tests/skip_policy.py allows its reason.
 # Every step runs even when an earlier one failed; a summary closes the run and
 # the exit status is non-zero when any step failed.
