@@ -72,7 +72,8 @@ with_failures() {
   shift
   out=$(mktemp -p "$logs" pytest.XXXXXX)
   "$@" 2>&1 | tee "$out" || rc=${PIPESTATUS[0]}
-  grep -aE '^(FAILED|ERROR) ' "$out" | sed "s#^#  ($label) #" >>"$logs/failed-tests" || true
+  # pytest's `FAILED tests/x.py::test - ...`, `ERROR tests/x.py - ...`; not Ansible's `FAILED - RETRYING`.
+  grep -aE '^(FAILED|ERROR) [^ ]*(::|\.py)' "$out" | sed "s#^#  ($label) #" >>"$logs/failed-tests" || true
   return $rc
 }
 
@@ -296,7 +297,7 @@ echo
 echo "=== test.sh summary ($((SECONDS - total))s)"
 printf '%s\n' "${results[@]}" ${molecule_rows[@]+"${molecule_rows[@]}"}
 if [[ -s $logs/failed-tests ]]; then
-  echo "=== test.sh: the tests that failed (pytest's short summary, per Python)"
+  echo "=== test.sh: the tests that failed (pytest's short summary, per run)"
   cut -c1-300 "$logs/failed-tests"
 fi
 if ((failed)); then
