@@ -89,16 +89,16 @@ TRIAL_UNIT_FILES = {
 }
 CUSTOM_BEGIN = "### BEGIN gpuprov trial boot (gpuprov removes it after the trial) ###"
 CUSTOM_END = "### END gpuprov trial boot ###"
-# The hardware watchdog drivers whose timeout a kernel argument sets, and the seconds a reset takes
-# per unit of it. Each resets about its argument's seconds after the last write: Linux's i6300esb
-# splits `heartbeat` over the device's two stages (heartbeat=30 reset the lab host 34 s after it
-# was armed, docs/development/lab.md; a factor of 2 here had halved every i6300esb trial's time).
+# The hardware watchdog drivers whose timeout a kernel argument sets, in seconds: each resets about
+# that long after the last write. Linux's i6300esb splits its `heartbeat` over the device's two
+# stages (heartbeat=30 reset the lab host 34 s after it was armed, docs/development/lab.md; halving
+# it here had halved every i6300esb trial's time).
 WATCHDOG_TIMEOUT = {
-    "i6300esb": ("heartbeat", 1),
-    "iTCO_wdt": ("heartbeat", 1),
-    "sp5100_tco": ("heartbeat", 1),
-    "wdat_wdt": ("timeout", 1),
-    "ipmi_watchdog": ("timeout", 1),
+    "i6300esb": "heartbeat",
+    "iTCO_wdt": "heartbeat",
+    "sp5100_tco": "heartbeat",
+    "wdat_wdt": "timeout",
+    "ipmi_watchdog": "timeout",
 }
 
 
@@ -277,8 +277,7 @@ def watchdog_args(module: str | None, seconds: int) -> list[str]:
     """The kernel argument that sets the trial watchdog's timeout, where its driver takes one."""
     if module not in WATCHDOG_TIMEOUT:
         return []
-    param, stages = WATCHDOG_TIMEOUT[module]
-    return [f"{module}.{param}={max(1, seconds // stages)}"]
+    return [f"{module}.{WATCHDOG_TIMEOUT[module]}={max(1, seconds)}"]
 
 
 # -- the trial entry ----------------------------------------------------------------------------
