@@ -21,6 +21,8 @@
 #     autogroups share the CPUs between sessions whatever their nice values, so QEMU gets about
 #     half the machine beside this lane. Given more (its group's nice lowered, tried 2026-11-27)
 #     it burnt more CPU, not less time, and this lane starved (docs/development/timings.md).
+#     In that half, the lab host's vCPUs run on one TCG thread (GPUPROV_LAB_TCG_THREAD=single):
+#     four vCPU threads in one core's share spin on locks whose holders are descheduled.
 # With CI=true a skipped test fails pytest unless tests/skip_policy.py allows its reason.
 # Every step runs even when an earlier one failed; a summary closes the run and
 # the exit status is non-zero when any step failed.
@@ -134,6 +136,7 @@ run_molecule_docker() {
 # build: dev/lab's build lock). Its output is stamped as it comes (stamp, below).
 lab_lane() {
   local rc=0 start=$SECONDS sdboot
+  export GPUPROV_LAB_TCG_THREAD=single # the header says why
   # Each verifier test named as it ends (the stamps time it: the whole log) and the slowest
   # listed (the milestones).
   export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -v --durations=10"

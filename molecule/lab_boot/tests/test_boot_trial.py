@@ -110,7 +110,7 @@ def cmdline(host) -> list[str]:
 def loader(request) -> str:
     """The lab host booting with this loader (create.yml booted the GRUB image)."""
     if request.param != "grub":
-        lab("down")
+        lab("down", "--force")  # no clean shutdown: up --fresh drops the GRUB host's disk
         lab("up", "--fresh", "--one-node", "--loader", request.param)
     return request.param
 
