@@ -20,9 +20,9 @@
 #     processes only: the lab host's QEMU daemonizes into a session of its own, and the kernel's
 #     autogroups share the CPUs between sessions whatever their nice values, so QEMU gets about
 #     half the machine beside this lane. Given more (its group's nice lowered, tried 2026-11-27)
-#     it burnt more CPU, not less time, and this lane starved (docs/development/timings.md).
-#     In that half, the lab host's vCPUs run on one TCG thread (GPUPROV_LAB_TCG_THREAD=single):
-#     four vCPU threads in one core's share spin on locks whose holders are descheduled.
+#     it burnt more CPU, not less time, and this lane starved; held to one core (its vCPUs on one
+#     TCG thread, tried the same day) this lane sped up and the lab's nested guests slowed down
+#     past their console timeouts (docs/development/timings.md).
 # With CI=true a skipped test fails pytest unless tests/skip_policy.py allows its reason.
 # Every step runs even when an earlier one failed; a summary closes the run and
 # the exit status is non-zero when any step failed.
@@ -136,7 +136,6 @@ run_molecule_docker() {
 # build: dev/lab's build lock). Its output is stamped as it comes (stamp, below).
 lab_lane() {
   local rc=0 start=$SECONDS sdboot
-  export GPUPROV_LAB_TCG_THREAD=single # the header says why
   # Each verifier test named as it ends (the stamps time it: the whole log) and the slowest
   # listed (the milestones).
   export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -v --durations=10"

@@ -54,17 +54,6 @@ def test_qemu_has_the_i6300esb_watchdog_resetting_and_keeps_every_pci_address(tm
     assert any(q.startswith(f"unix:{tmp_path}/lab/run/{boot.QMP_EVENTS},") for q in qmps)
 
 
-def test_tcg_threads_are_multi_unless_the_environment_asks_single(monkeypatch, tmp_path: Path) -> None:
-    """GPUPROV_LAB_TCG_THREAD (scripts/test.sh's lab lane sets single); anything else is refused."""
-    monkeypatch.delenv("GPUPROV_LAB_TCG_THREAD", raising=False)
-    assert option(boot.qemu_argv(tmp_path, tmp_path / "img", 2622), "-accel") == ["tcg"]
-    monkeypatch.setenv("GPUPROV_LAB_TCG_THREAD", "single")
-    assert option(boot.qemu_argv(tmp_path, tmp_path / "img", 2622), "-accel") == ["tcg,thread=single"]
-    monkeypatch.setenv("GPUPROV_LAB_TCG_THREAD", "one")
-    with pytest.raises(boot.LabError, match="GPUPROV_LAB_TCG_THREAD='one'"):
-        boot.qemu_argv(tmp_path, tmp_path / "img", 2622)
-
-
 def test_the_lab_host_has_two_numa_nodes_each_with_a_large_bar_device_on_its_expander(tmp_path: Path) -> None:
     """Issue #29's lab shape: what inventories/lab declares (the large-BAR devices by address) and
     what the OVMFs must place (BARs together over OVMF's default 64-bit window) follow from it."""

@@ -28,7 +28,6 @@ from .common import (
     inventory_overrides,
     overrides_option,
     say,
-    tcg_thread,
 )
 from .image import DEFAULT_LOADER, ensure_image
 
@@ -106,18 +105,10 @@ def two_node_argv() -> list[str]:
     return argv
 
 
-def host_argv() -> list[str]:
-    """debpkg.QEMU_HOST on the TCG threads tcg_thread() asks for."""
-    argv = list(debpkg.QEMU_HOST)
-    if tcg_thread() == "single":
-        argv[argv.index("-accel") + 1] = "tcg,thread=single"
-    return argv
-
-
 def qemu_argv(lab: Path, image: Path, port: int, loader: str = DEFAULT_LOADER, one_node: bool = False) -> list[str]:
     run = run_dir(lab)
     return [
-        *host_argv(),
+        *debpkg.QEMU_HOST,
         "-name",
         HOSTNAME,
         *(ONE_NODE_ARGV if one_node else two_node_argv()),

@@ -16,13 +16,6 @@ from . import debpkg
 HOSTNAME = "lab-gpu-host"
 DEFAULT_PORT = 2522
 PORT_ENV = "GPUPROV_LAB_PORT"
-# The lab host's TCG threads: one per vCPU (multi, QEMU's default: the fastest on an idle machine)
-# or all vCPUs on one (single), which this asks for (scripts/test.sh's lab lane, beside the other
-# tests on two cores). Where every core is taken single does more with less: under multi a vCPU
-# spinning on a lock whose holder's thread is descheduled burns its whole time slice, while single
-# TCG moves to the next vCPU at the spin's PAUSE (docs/development/timings.md).
-TCG_THREAD_ENV = "GPUPROV_LAB_TCG_THREAD"
-TCG_THREADS = ("multi", "single")
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 BOOT_TIMEOUT = 900  # seconds for SSH to answer after QEMU starts (TCG on 2 cores: about 1 minute)
@@ -35,14 +28,6 @@ class LabError(RuntimeError):
 def lab_dir() -> Path:
     base = os.environ.get("GPUPROV_CACHE") or str(Path.home() / ".cache" / "gpuprov")
     return Path(base) / "lab"
-
-
-def tcg_thread() -> str:
-    """${TCG_THREAD_ENV}: multi (unset) or single."""
-    thread = os.environ.get(TCG_THREAD_ENV) or "multi"
-    if thread not in TCG_THREADS:
-        raise LabError(f"{TCG_THREAD_ENV}={thread!r}: give {' or '.join(TCG_THREADS)}, or unset it")
-    return thread
 
 
 def default_port() -> int:
