@@ -199,6 +199,19 @@ def test_first_boot_sets_each_loader_up_and_says_ok_only_when_it_worked() -> Non
         assert script.index('[ -n "$ok" ] && echo "gpuprov-lab: firstboot ok"') < script.index("echo o >")
 
 
+def test_a_boot_is_stuck_past_the_limit_or_once_its_kernel_lost_its_timer_twice() -> None:
+    # RCU's stall warning as the lab host's kernel printed it, every 21 s, on the boot that hung
+    # with every vCPU halted (2026-11-27, docs/development/timings.md).
+    report = "[   23.794323] rcu: rcu_preempt kthread timer wakeup didn't happen for 5248 jiffies! g-1047 f0x0"
+    assert boot.LOST_TIMER in report
+    assert boot.boot_stuck(100, 0) is None
+    assert boot.boot_stuck(100, boot.LOST_TIMER_REPORTS - 1) is None
+    late = boot.boot_stuck(boot.WATCHDOG_LIMIT + 1, 0)
+    assert late == f"no login prompt {boot.WATCHDOG_LIMIT} s after the boot started"
+    stuck = boot.boot_stuck(45, (report + "\n" + report).count(boot.LOST_TIMER))
+    assert stuck is not None and stuck.startswith("the kernel lost its timer (2 reports") and "45 s" in stuck
+
+
 def test_qmp_events_keep_events_and_the_unfinished_line() -> None:
     buf = (
         b'{"QMP": {"version": {}}}\n{"return": {}}\n'

@@ -400,6 +400,12 @@ RESTARTING = ("reboot: Restarting system", "Rebooting in ")
 BOOT_STARTS = (FIRMWARE_STARTS, *RESTARTING)
 BOOT_DONE = f"{HOSTNAME} login:"
 WATCHDOG_LIMIT = 240  # seconds from a boot's start to its login prompt (about 30 s normally)
+# The kernel's report of a lost timer (RCU's stall warning: "rcu_preempt kthread timer wakeup didn't
+# happen for N jiffies", every 21 s): the boot hung with every vCPU halted, waiting for a timer
+# interrupt that never comes (seen 2026-11-27 on an idle machine: 168 s of these, then the reset at
+# WATCHDOG_LIMIT; the next boot was fine). A boot that reported it twice is reset then.
+LOST_TIMER = "timer wakeup didn't happen"
+LOST_TIMER_REPORTS = 2
 WATCHDOG_TRIES = 3  # resets in a row without a finished boot before the watchdog gives up
 FIRMWARE_LIMIT = 60  # seconds from a reset to the firmware's hand-over (about 10 s normally; 20 after a panic=10)
 # Who reset the machine, first word of each run/watchdog.log line after the time stamp:
@@ -466,8 +472,20 @@ def guest_watchdog_line(event: dict) -> str | None:
     return f"{RESET_BY_GUEST} the guest's hardware watchdog (i6300esb or TCO) expired: QEMU's action {action}"
 
 
+def boot_stuck(elapsed: float, lost_timer: int, limit: float = WATCHDOG_LIMIT) -> str | None:
+    """Why a boot ``elapsed`` seconds old whose console reported ``lost_timer`` lost timers
+    (LOST_TIMER) is stuck, for run/watchdog.log; None while it is not."""
+    if lost_timer >= LOST_TIMER_REPORTS:
+        reports = f"{lost_timer} reports of {LOST_TIMER!r}"
+        return f"the kernel lost its timer ({reports}) {elapsed:.0f} s after the boot started"
+    if elapsed > limit:
+        return f"no login prompt {limit:.0f} s after the boot started"
+    return None
+
+
 def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
-    """The lab's BMC: reset the machine when a boot does not reach its login prompt in time.
+    """The lab's BMC: reset the machine when a boot does not reach its login prompt in time, or
+    sooner when its kernel reported a lost timer twice (:func:`boot_stuck`).
 
     Debian's kernel under TCG now and then hangs early in boot (both vCPUs spinning
     with interrupts off, around the switch to the TSC clocksource, about one boot in
@@ -482,7 +500,7 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
     (qemu_argv's reboot=shutdown): a SHUTDOWN event for a reset (RESET_REASONS) is followed by a
     new QEMU, a cold start. Runs until QEMU exits for anything else, or `down` powered it off."""
     console, log = run_dir(lab) / "console.log", run_dir(lab) / "watchdog.log"
-    offset, started, tries = 0, time.monotonic(), 0
+    offset, started, tries, lost_timer = 0, time.monotonic(), 0, 0
     reset_at: float | None = None  # a reset that the firmware has not answered yet
     events, pending = qmp_events_connect(lab), b""
 
@@ -549,19 +567,20 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
         if last_done > last_start:
             started, tries = None, 0
         elif last_start >= 0:
-            started = time.monotonic()
-        if started is not None and time.monotonic() - started > limit:
+            started, lost_timer = time.monotonic(), text.count(LOST_TIMER, last_start)
+        elif started is not None:
+            lost_timer += text.count(LOST_TIMER)
+        stuck = None if started is None else boot_stuck(time.monotonic() - started, lost_timer, limit)
+        if stuck:
             tries += 1
             if tries > WATCHDOG_TRIES:
                 note(f"{RESET_BY_LAB} boot stuck again after {WATCHDOG_TRIES} resets: giving up")
                 return
-            dump = keep_stuck_state(lab, "no login prompt")
-            note(
-                f"{RESET_BY_LAB} no login prompt {limit:.0f} s after the boot started: system_reset"
-                f" (its state before: run/{dump})"
-            )
+            dump = keep_stuck_state(lab, stuck)
+            note(f"{RESET_BY_LAB} {stuck}: system_reset (its state before: run/{dump})")
             qmp(lab, "system_reset")
             started = reset_at = time.monotonic()
+            lost_timer = 0
 
 
 def start_watchdog(lab: Path, pid: int) -> None:
