@@ -9,10 +9,13 @@ the modules).
 
 from __future__ import annotations
 
+import os
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Any
 
 from .domains import domain_devices, parse_devices
+from .sysfs import Sysfs
 
 LIBVIRT_MISSING = (
     "the libvirt Python bindings are not installed for {python}: install python3-libvirt "
@@ -124,6 +127,63 @@ def leases(conn: Any, network: str | None, mac: str) -> list[tuple[str, int]]:
         if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 and (lease.get("mac") or "").lower() == mac.lower()
     ]
     return sorted(out, key=lambda lease: lease[1], reverse=True)
+
+
+# dnsmasq's lease time where the network's DHCP range names none (libvirt then passes none): an hour.
+DNSMASQ_LEASE_SECONDS = 3600
+# libvirt's <lease expiry='N' unit='...'/> (unit: minutes by default).
+LEASE_UNITS = {"seconds": 1, "minutes": 60, "hours": 3600}
+
+
+def lease_seconds(network_xml: str) -> int | None:
+    """How long the network's DHCP leases last, from its XML (the longest range's; dnsmasq's hour where
+    none is named); None for an infinite lease (expiry 0), an unknown unit or XML that does not parse."""
+    try:
+        root = ET.fromstring(network_xml)
+    except ET.ParseError:
+        return None
+    times = []
+    for lease in root.iterfind("ip/dhcp/range/lease"):
+        expiry, unit = lease.get("expiry", ""), lease.get("unit") or "minutes"
+        if not expiry.isdigit() or int(expiry) == 0 or unit not in LEASE_UNITS:
+            return None
+        times.append(int(expiry) * LEASE_UNITS[unit])
+    return max(times, default=DNSMASQ_LEASE_SECONDS)
+
+
+def booted_at(sysfs: Sysfs, name: str) -> float | None:
+    """When the running domain ``name``'s QEMU started (seconds since the epoch), from libvirt's pid
+    file (run/libvirt/qemu/NAME.pid) and /proc below the root; None when any of it is unreadable."""
+    pid = (sysfs.read_text(f"run/libvirt/qemu/{name}.pid") or "").strip()
+    stat = sysfs.read_text(f"proc/{pid}/stat") if pid.isdigit() else None
+    btime = next(
+        (line.split()[1] for line in (sysfs.read_text("proc/stat") or "").splitlines() if line.startswith("btime ")),
+        "",
+    )
+    fields = stat.rsplit(")", 1)[-1].split() if stat else []
+    # Field 22 of /proc/PID/stat, the start in clock ticks since boot (fields[0] is field 3).
+    if len(fields) < 20 or not fields[19].isdigit() or not btime.isdigit():
+        return None
+    return int(btime) + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def leases_before_boot(conn: Any, sysfs: Sysfs, name: str, network: str | None, mac: str) -> list[tuple[str, int]]:
+    """The MAC's leases taken before the running domain's current boot: not its address now. A guest
+    that shut down cleanly released its lease, and a domain started again by anything but gpu_vm
+    (the drain's restore, a host's autostart, virsh) has none until its guest asks again, while the
+    MAC's older leases (an earlier guest's, under another DHCP client id) are still held. Empty when
+    the boot or the lease time cannot be read (every lease then counts, as before)."""
+    started = booted_at(sysfs, name)
+    if started is None or not network:
+        return []
+    libvirt = bindings()
+    try:
+        seconds = lease_seconds(conn.networkLookupByName(network).XMLDesc(0))
+    except libvirt.libvirtError:
+        return []
+    if seconds is None:
+        return []
+    return [(ip, expiry) for ip, expiry in leases(conn, network, mac) if expiry - seconds < started]
 
 
 # virDomainState, as the drain names them (docs/guides/rolling.md); any other number is "unknown".

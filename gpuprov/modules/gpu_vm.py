@@ -21,6 +21,7 @@ from ..facts.libvirt import (
     LiveDomain,
     bindings,
     connect,
+    leases_before_boot,
     network_state,
     other_assignments,
     read_live,
@@ -30,7 +31,7 @@ from ..facts.vm_storage import StorageState, read_storage
 from ..inputs.boundary import validate_gpu_vm_options
 from ..plan.vm.fit import plan_host
 from ..plan.vm.host import VmHostPlan
-from ..plan.vm.plan import VmOptions, VmPlan, plan_vm, vm_paths
+from ..plan.vm.plan import START, VmOptions, VmPlan, plan_vm, vm_paths
 from ..plan.vm.seed import ISO_TOOLS
 from ..verify.console import check_console
 from . import gpu_vm_host
@@ -271,7 +272,14 @@ def finish_vm(
     result["done"] = done
     result["not_run"] = not_run
     if wait_address and conn is not None and extra.get("state") == "running" and plan.mac:
-        addresses = wait_for_address(conn, plan.network, plan.mac, wait_address, plan.stale_leases)
+        # Started here: the leases the MAC had before (execute); running already: those from before its boot.
+        started_here = any(op.kind == START for op in plan.ops)
+        stale = (
+            plan.stale_leases
+            if started_here
+            else leases_before_boot(conn, Sysfs(root), plan.name, plan.network, plan.mac)
+        )
+        addresses = wait_for_address(conn, plan.network, plan.mac, wait_address, stale)
         result["addresses"] = addresses
         if addresses:
             result["guest"] = {

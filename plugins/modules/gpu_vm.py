@@ -238,6 +238,8 @@ options:
     description:
       - With O(state=running), wait up to this many seconds for the guest's DHCP lease on its libvirt
         network and return it in RV(addresses); 0 does not wait.
+      - Only a lease taken since the domain's current boot counts (a guest that shut down cleanly released
+        its own, while the MAC's older leases may still be held), whoever started the domain.
     type: int
     default: 0
   shutdown_timeout:

@@ -15,7 +15,10 @@ Then, through ``ansible-playbook`` and the role, as an admin would run it:
    kernel, a qcow2 overlay, a cloud-init seed with a user and an SSH key) is
    defined and started; the role waits for its DHCP lease and SSH and adds it to
    ``gpu_guests``; the next play logs in to it over SSH as that user;
-2. the same run again reports ``changed=0`` (and still logs in);
+2. the same run again reports ``changed=0`` (and still logs in); then module gpu_host_drain
+   drains it for a host change (issue #30 item 4: a clean ACPI shutdown, waited for, and the
+   drain record) and restores it, and the role's next run finds it as it was (``changed=0``, the
+   guest's address now, not a lease the MAC held before this boot);
 3. ``state: shutdown`` shuts it down (ACPI), again with no change the second time;
 4. ``state: absent`` undefines it and removes its overlay and seed;
 5. domains with GPUs, mdevs and pinning (devices from captured hosts, defined but
@@ -378,6 +381,36 @@ def test_vm_without_gpu_lifecycle_over_ssh(playbook, libvirt_host, timings, evid
     assert stats["localhost"]["changed"] == 0, out
     assert stats[VM]["changed"] == 0 and stats[VM]["ok"] >= 3, out
     assert _virsh("domstate", VM).strip() == "running"
+
+    # Drained for a change that reboots the host (gpu_host_plan's disruption), as role host_drain
+    # runs the module: the guest shut down cleanly (its systemd answers ACPI), recorded, started again.
+    # Root / (the module reads the system libvirt only for the host it runs on): its record is this
+    # machine's, removed by the restore (and here whatever happens).
+    from tests.modrun import run_in_process
+
+    record = Path("/var/lib/gpuprov/drain.json")
+    assert not record.exists(), f"{record}: a drain record from elsewhere; restore or remove it first"
+    drain = {"uri": URI, "root": "/", "timeout": 240, "vms": [{"name": VM}]}
+    try:
+        start = time.monotonic()
+        drained = run_in_process("gpu_host_drain", {**drain, "disruption": {"reboot": True}})
+        timings["2b. drained (clean shutdown, waited for)"] = time.monotonic() - start
+        assert not drained["failed"], drained.get("msg")
+        assert drained["changed"] and drained["stopped"] == [VM] and not drained.get("forced"), drained
+        assert _virsh("domstate", VM).strip() == "shut off" and record.is_file()
+        restored = run_in_process("gpu_host_drain", {**drain, "state": "restored"})
+        assert not restored["failed"] and restored["started"] == [VM], restored
+        assert _virsh("domstate", VM).strip() == "running" and not record.exists()
+    finally:
+        record.unlink(missing_ok=True)
+    # The guest released its lease as it shut down; the role's run waits for the one it takes now.
+    start = time.monotonic()
+    rc, stats, results, out = playbook("running")
+    timings["2c. restored: the role's run (boot back to SSH)"] = time.monotonic() - start
+    assert rc == 0 and stats["localhost"]["changed"] == 0, out
+    (again,) = [r["guest"] for r in results if r.get("guest")]
+    assert _guest_lines(results) == [f"{USER}@{VM} via {again['address']}"], out
+    assert _run(_in_netns([*ssh[:-1], f"{USER}@{again['address']}", "hostname"]), timeout=120).stdout.strip() == VM
 
     start = time.monotonic()
     rc, stats, results, out = playbook("shutdown")
