@@ -31,6 +31,7 @@ from .files import file_state
 from .gpus import GpuList
 from .packages import DPKG_STATUS, dpkg_installed
 from .pci import PciDevice, read_pci_devices
+from .proc import boot_time, process_started
 from .sysfs import Sysfs
 
 APT_SOURCE = "etc/apt/sources.list.d/nvidia-container-toolkit.sources"
@@ -110,25 +111,6 @@ def _mtime(sysfs: Sysfs, rel: str) -> float | None:
         return None
 
 
-def _boot_time(sysfs: Sysfs) -> float | None:
-    for line in sysfs.read_lines("proc/stat"):
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return None
-
-
-def _start_time(sysfs: Sysfs, pid: str, boot: float) -> float | None:
-    """A process's start, epoch seconds, from /proc/<pid>/stat (field 22, clock ticks since boot)."""
-    text = sysfs.read(f"proc/{pid}/stat")
-    if not text or ")" not in text:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    try:
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (IndexError, ValueError, OSError):
-        return None
-
-
 def _engine_pid(sysfs: Sysfs, name: str) -> str | None:
     if name == "docker":
         for rel in DOCKER_PIDFILES:
@@ -150,7 +132,7 @@ def _engine_pid(sysfs: Sysfs, name: str) -> str | None:
 
 
 def read_engines(sysfs: Sysfs, docker: DockerConfig, containerd: ContainerdConfig) -> dict[str, Engine]:
-    boot = _boot_time(sysfs)
+    boot = boot_time(sysfs)
     configs = {
         "docker": [DAEMON_JSON] if docker.daemon_json else [],
         "containerd": [f.lstrip("/") for f in containerd.files],
@@ -162,7 +144,7 @@ def read_engines(sysfs: Sysfs, docker: DockerConfig, containerd: ContainerdConfi
         engine.config_written = max(written) if written else None
         pid = _engine_pid(sysfs, name) if boot is not None and engine.binary else None
         if pid is not None and boot is not None:
-            engine.started = _start_time(sysfs, pid, boot)
+            engine.started = process_started(sysfs, pid, boot)
         engines[name] = engine
     return engines
 

@@ -9,12 +9,12 @@ the modules).
 
 from __future__ import annotations
 
-import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Any
 
 from .domains import domain_devices, parse_devices
+from .proc import process_started
 from .sysfs import Sysfs
 
 LIBVIRT_MISSING = (
@@ -151,29 +151,15 @@ def lease_seconds(network_xml: str) -> int | None:
     return max(times, default=DNSMASQ_LEASE_SECONDS)
 
 
-def booted_at(sysfs: Sysfs, name: str) -> float | None:
-    """When the running domain ``name``'s QEMU started (seconds since the epoch), from libvirt's pid
-    file (run/libvirt/qemu/NAME.pid) and /proc below the root; None when any of it is unreadable."""
-    pid = (sysfs.read_text(f"run/libvirt/qemu/{name}.pid") or "").strip()
-    stat = sysfs.read_text(f"proc/{pid}/stat") if pid.isdigit() else None
-    btime = next(
-        (line.split()[1] for line in (sysfs.read_text("proc/stat") or "").splitlines() if line.startswith("btime ")),
-        "",
-    )
-    fields = stat.rsplit(")", 1)[-1].split() if stat else []
-    # Field 22 of /proc/PID/stat, the start in clock ticks since boot (fields[0] is field 3).
-    if len(fields) < 20 or not fields[19].isdigit() or not btime.isdigit():
-        return None
-    return int(btime) + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-
-
 def leases_before_boot(conn: Any, sysfs: Sysfs, name: str, network: str | None, mac: str) -> list[tuple[str, int]]:
     """The MAC's leases taken before the running domain's current boot: not its address now. A guest
     that shut down cleanly released its lease, and a domain started again by anything but gpu_vm
     (the drain's restore, a host's autostart, virsh) has none until its guest asks again, while the
     MAC's older leases (an earlier guest's, under another DHCP client id) are still held. Empty when
     the boot or the lease time cannot be read (every lease then counts, as before)."""
-    started = booted_at(sysfs, name)
+    # libvirt's pid file of the running domain: its QEMU's start is the guest's boot.
+    pid = (sysfs.read(f"run/libvirt/qemu/{name}.pid") or "").strip()
+    started = process_started(sysfs, pid)
     if started is None or not network:
         return []
     libvirt = bindings()

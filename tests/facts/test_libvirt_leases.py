@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov.facts import libvirt as facts_libvirt
+from gpuprov.facts.proc import process_started
 from gpuprov.facts.sysfs import Sysfs
 
 NETWORK = (
@@ -52,23 +53,26 @@ def stage(root: Path, name: str = "vm", pid: str = "4242", start_ticks: int = 12
     (root / "proc/stat").write_text(f"cpu  1 2 3\nbtime {BTIME}\nprocesses 9\n")
 
 
-def test_booted_at_is_the_qemu_process_start(tmp_path: Path) -> None:
+def test_a_process_started_at_boot_plus_its_ticks(tmp_path: Path) -> None:
     stage(tmp_path, start_ticks=120 * TICKS)
-    assert facts_libvirt.booted_at(Sysfs(str(tmp_path)), "vm") == BTIME + 120
+    assert process_started(Sysfs(str(tmp_path)), "4242") == BTIME + 120
 
 
-@pytest.mark.parametrize("broken", ["no pid file", "pid not a number", "no stat", "no btime"])
-def test_booted_at_unreadable_is_unknown(tmp_path: Path, broken: str) -> None:
+@pytest.mark.parametrize("broken", ["pid not a number", "no stat", "no btime", "btime not a number", "short stat"])
+def test_a_process_start_unreadable_is_unknown(tmp_path: Path, broken: str) -> None:
     stage(tmp_path)
-    if broken == "no pid file":
-        (tmp_path / "run/libvirt/qemu/vm.pid").unlink()
-    elif broken == "pid not a number":
-        (tmp_path / "run/libvirt/qemu/vm.pid").write_text("../../etc")
+    pid = "4242"
+    if broken == "pid not a number":
+        pid = "../../etc"
     elif broken == "no stat":
         (tmp_path / "proc/4242/stat").unlink()
-    else:
+    elif broken == "no btime":
         (tmp_path / "proc/stat").write_text("cpu 1 2 3\n")
-    assert facts_libvirt.booted_at(Sysfs(str(tmp_path)), "vm") is None
+    elif broken == "btime not a number":
+        (tmp_path / "proc/stat").write_text("btime soon\n")
+    else:
+        (tmp_path / "proc/4242/stat").write_text("4242 (qemu) S 1 2\n")
+    assert process_started(Sysfs(str(tmp_path)), pid) is None
 
 
 class FakeNetwork:
@@ -103,6 +107,9 @@ def test_the_leases_taken_before_the_boot_are_stale(tmp_path: Path) -> None:
     stale = facts_libvirt.leases_before_boot(conn, Sysfs(str(tmp_path)), "vm", "n", MAC)
     assert sorted(ip for ip, _ in stale) == [".92", ".93"]  # .94 was taken in this boot
     # Unknown boot or lease time: nothing is stale (every lease counts, as before).
-    assert facts_libvirt.leases_before_boot(conn, Sysfs(str(tmp_path)), "other", "n", MAC) == []
+    assert facts_libvirt.leases_before_boot(conn, Sysfs(str(tmp_path)), "other", "n", MAC) == []  # no pid file
+    (tmp_path / "run/libvirt/qemu/vm.pid").write_text("../../etc")
+    assert facts_libvirt.leases_before_boot(conn, Sysfs(str(tmp_path)), "vm", "n", MAC) == []
+    (tmp_path / "run/libvirt/qemu/vm.pid").write_text("4242")
     infinite = FakeConn(FakeNetwork(NETWORK.format("<lease expiry='0'/>"), held))
     assert facts_libvirt.leases_before_boot(infinite, Sysfs(str(tmp_path)), "vm", "n", MAC) == []
