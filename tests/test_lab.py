@@ -125,6 +125,57 @@ def init_listing(pci: Path) -> str:
     return out.replace("\n", "\r\n")
 
 
+def test_init_details_each_devices_node_and_bars_each_nodes_cpus_and_the_unplaced_bars(tmp_path: Path) -> None:
+    """The part of the nested /init before the PCI list (what molecule/lab reads of the multi-GPU
+    guest), run with this machine's sh against a fake sysfs and kernel log: shell builtins and
+    busybox's applets only (/init forks as little as it can under TCG inside TCG)."""
+    pci = tmp_path / "sys/bus/pci/devices"
+    zero = "0x0000000000000000"
+    for addr, node, resources in (
+        ("0000:00:00.0", "-1", [f"{zero} {zero} {zero}"]),
+        (
+            "0000:81:00.0",
+            "1",
+            [
+                "0x00000000c0000000 0x00000000c0000fff 0x0000000000040200",
+                f"{zero} {zero} {zero}",
+                f"{zero} {zero} 0x000000000014220c",
+            ],
+        ),
+    ):
+        (pci / addr).mkdir(parents=True)
+        (pci / addr / "numa_node").write_text(node + "\n")
+        (pci / addr / "resource").write_text("\n".join(resources) + "\n")
+    for node, cpus in (("0", "0"), ("1", "1")):
+        (tmp_path / f"sys/devices/system/node/node{node}").mkdir(parents=True)
+        (tmp_path / f"sys/devices/system/node/node{node}/cpulist").write_text(cpus + "\n")
+    kernel_log = tmp_path / "dmesg"
+    kernel_log.write_text(
+        "[    0.5] pci 0000:81:00.0: BAR 2: no space for [mem size 0x2000000000 64bit pref]\n"
+        "[    0.6] pci 0000:81:00.0: BAR 2: failed to assign [mem size 0x2000000000 64bit pref]\n"
+        "[    0.7] an unrelated line\n"
+    )
+    lines = image.NESTED_INIT.splitlines()
+    script = "\n".join(lines[lines.index(f"echo {image.NESTED_DETAIL}") : lines.index(f"echo {image.NESTED_BEGIN}")])
+    assert "$b dmesg > /klog" in script and "< /klog" in script
+    script = script.replace("$b dmesg > /klog", f"cat {kernel_log} > {tmp_path}/klog").replace(
+        "< /klog", f"< {tmp_path}/klog"
+    )
+    script = script.replace("/sys/", f"{tmp_path}/sys/").replace("$b cat", "cat")
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [
+        image.NESTED_DETAIL,
+        "NUMA 0000:00:00.0 -1",
+        "NUMA 0000:81:00.0 1",
+        "BAR 0000:81:00.0 0 0x00000000c0000000 0x00000000c0000fff 0x0000000000040200",
+        f"BAR 0000:81:00.0 2 {zero} {zero} 0x000000000014220c",
+        "NODE 0 0",
+        "NODE 1 1",
+        "KLOG [    0.5] pci 0000:81:00.0: BAR 2: no space for [mem size 0x2000000000 64bit pref]",
+        "KLOG [    0.6] pci 0000:81:00.0: BAR 2: failed to assign [mem size 0x2000000000 64bit pref]",
+    ]
+
+
 @pytest.fixture
 def checks() -> dict:
     return console_check("lab-nested")
