@@ -296,7 +296,10 @@ if [[ $molecule == yes ]]; then
 fi
 
 echo
-echo "=== test.sh summary ($((SECONDS - total))s)"
+# The machine's CPU beside the time: CI's landings took 1,870-2,769 s on 2026-11-26 and 5,051-5,221 s
+# the next day, and TCG's speed follows the CPU, so a run's figures say which CPU gave them.
+cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1 || true)
+echo "=== test.sh summary ($((SECONDS - total))s; $(nproc) CPUs: ${cpu_model:-model unknown})"
 printf '%s\n' "${results[@]}" ${molecule_rows[@]+"${molecule_rows[@]}"}
 if [[ -s $logs/failed-tests ]]; then
   echo "=== test.sh: the tests that failed (pytest's short summary, per run)"
