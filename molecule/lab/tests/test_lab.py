@@ -206,8 +206,8 @@ def mdev_state(host) -> str:
     )
 
 
-def domstate(host) -> str:
-    return host.check_output("virsh -c qemu:///system domstate %s", VM).strip()
+def domstate(host, vm: str = VM) -> str:
+    return host.check_output("virsh -c qemu:///system domstate %s", vm).strip()
 
 
 def test_iommu_came_on_through_the_hosts_own_grub(host):
@@ -479,7 +479,7 @@ def test_binding_persists_across_a_reboot(host):
     # ACPI); lab-nested, destroyed by the killed-run test above.
     assert os.path.basename(host.check_output("readlink /sys/bus/mdev/devices/%s/mdev_type", MDEV)) == "mtty-2"
     assert domstate(host) == "shut off"
-    assert host.check_output("virsh -c qemu:///system domstate %s", MULTI).strip() == "shut off"
+    assert domstate(host, MULTI) == "shut off"
 
 
 def test_the_committed_host_comes_back_from_every_reboot_by_itself(host):
@@ -495,7 +495,7 @@ def test_without_its_mmio_window_the_same_vm_fails_in_the_guest(host):
     OVMF's 64-bit window (and under another name), booted on the same devices: the guest's kernel
     cannot place the large BARs and says so, as users of hand-written VMs see it. Runs after the
     reboots above, which left lab-multi shut off (the devices free)."""
-    assert host.check_output("virsh -c qemu:///system domstate %s", MULTI).strip() == "shut off"
+    assert domstate(host, MULTI) == "shut off"
     xml = host.check_output("virsh -c qemu:///system dumpxml --inactive %s", MULTI)
     window = re.compile(
         r"\s*<qemu:commandline>\s*<qemu:arg value='-fw_cfg'/>\s*"
