@@ -92,7 +92,9 @@ def test_cpio_is_what_the_kernel_and_cpio_read(tmp_path: Path) -> None:
 
 def test_nested_initramfs_holds_init_busybox_console_and_the_power_button_modules() -> None:
     modules = {"evdev.ko": b"EVDEV", "button.ko": b"BUTTON"}
-    entries = {e[0]: e for e in image.nested_initramfs(b"BUSYBOX", modules)}
+    cloud = {"evdev.ko": b"CLOUD-EVDEV", "button.ko": b"CLOUD-BUTTON"}
+    releases = {"6.1.0-99-amd64": modules, "6.1.0-99-cloud-amd64": cloud}
+    entries = {e[0]: e for e in image.nested_initramfs(b"BUSYBOX", releases)}
     names = list(entries)
     for name in names:  # parents before children: the kernel does not make directories
         parent = name.rpartition("/")[0]
@@ -100,8 +102,19 @@ def test_nested_initramfs_holds_init_busybox_console_and_the_power_button_module
     assert entries["init"][1] == stat.S_IFREG | 0o755 and entries["init"][2].startswith("#!/bin/busybox sh\n")
     assert entries["bin/busybox"][1:3] == (stat.S_IFREG | 0o755, b"BUSYBOX")
     assert entries["dev/console"][1] == stat.S_IFCHR | 0o600 and entries["dev/console"][3] == (5, 1)
-    assert entries["lib/modules/evdev.ko"][2] == b"EVDEV" and entries["lib/modules/button.ko"][2] == b"BUTTON"
+    # Each kernel's modules under its release, which /init reads from the running kernel.
+    lab, cloud_dir = "lib/modules/6.1.0-99-amd64", "lib/modules/6.1.0-99-cloud-amd64"
+    assert entries[f"{lab}/evdev.ko"][2] == b"EVDEV" and entries[f"{lab}/button.ko"][2] == b"BUTTON"
+    assert entries[f"{cloud_dir}/evdev.ko"][2] == b"CLOUD-EVDEV" and entries[cloud_dir][1] == stat.S_IFDIR | 0o755
+    assert "for m in /lib/modules/$release/*.ko" in image.NESTED_INIT
+    assert "read -r release < /proc/sys/kernel/osrelease" in image.NESTED_INIT
     assert sorted(Path(m).name for m in image.NESTED_MODULES) == sorted(modules)
+
+
+def test_the_cloud_kernel_is_a_nested_package_and_the_lab_kernel_is_not() -> None:
+    assert image.is_nested_package("busybox-static") and image.is_nested_package("linux-image-cloud-amd64")
+    assert image.is_nested_package("linux-image-6.1.0-99-cloud-amd64")
+    assert not image.is_nested_package("linux-image-6.1.0-99-amd64") and not image.is_nested_package("qemu-utils")
 
 
 def fake_pci(root: Path, devices: dict[str, tuple[str, str, str]]) -> Path:
@@ -290,10 +303,34 @@ def test_the_cache_key_covers_the_nested_guest_and_the_packages(monkeypatch, tmp
     versions["linux-image-6.1.0-99-amd64"] = versions.pop("linux-image-amd64")
     monkeypatch.setattr(image, "ensure_key", lambda _lab: _write_key(tmp_path))
     monkeypatch.setattr(debpkg, "resolve", lambda names: dict(versions))
+    versions = {"linux-image-6.1.0-99-cloud-amd64": versions.pop("linux-image-cloud-amd64"), **versions}
     key, pkgs, kver, _pubkey = image.image_key(tmp_path)
+    # The lab's kernel, whichever of the two images comes first.
     assert kver == "6.1.0-99-amd64" and "busybox-static" in pkgs
     versions["busybox-static"] = "1.1"
     assert image.image_key(tmp_path)[0] != key
+
+
+def test_resolve_replaces_each_kernel_metapackage_by_the_image_it_pulls(monkeypatch) -> None:
+    def stanza(name: str, depends: str = "") -> str:
+        return f"Package: {name}\nVersion: 6.1.192-2\n" + (f"Depends: {depends} (= 6.1.192-2)\n" if depends else "")
+
+    stanzas = {
+        "linux-image-amd64": stanza("linux-image-amd64", "linux-image-6.1.0-56-amd64"),
+        "linux-image-cloud-amd64": stanza("linux-image-cloud-amd64", "linux-image-6.1.0-56-cloud-amd64"),
+        "linux-image-6.1.0-56-amd64": stanza("linux-image-6.1.0-56-amd64"),
+        "linux-image-6.1.0-56-cloud-amd64": stanza("linux-image-6.1.0-56-cloud-amd64"),
+        "busybox-static": stanza("busybox-static"),
+    }
+    monkeypatch.setattr(debpkg, "show", lambda *names: {n: stanzas[n] for n in names if n in stanzas})
+    assert list(debpkg.resolve(["linux-image-amd64", "busybox-static", "linux-image-cloud-amd64"])) == [
+        "linux-image-6.1.0-56-amd64",
+        "busybox-static",
+        "linux-image-6.1.0-56-cloud-amd64",
+    ]
+    del stanzas["linux-image-cloud-amd64"]
+    with pytest.raises(debpkg.CommandError, match="linux-image-cloud-amd64"):
+        debpkg.resolve(["linux-image-cloud-amd64"])
 
 
 def _write_key(tmp: Path) -> Path:

@@ -171,7 +171,8 @@ def test_the_embedded_grub_cfg_moves_prefix_to_the_root_disk_before_its_grub_cfg
 
 def test_systemd_boots_kernel_arguments_are_grubs() -> None:
     cmdline = image.kernel_cmdline(UUID)
-    assert cmdline == f"root=UUID={UUID} ro console=ttyS0 panic=-1 no_timer_check quiet intel_iommu=off\n"
+    args = "console=ttyS0 panic=-1 no_timer_check mitigations=off quiet intel_iommu=off"
+    assert cmdline == f"root=UUID={UUID} ro {args}\n"
     assert image.GRUB_CMDLINE_LINUX in cmdline and image.GRUB_CMDLINE_LINUX_DEFAULT in cmdline
 
 

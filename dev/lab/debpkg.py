@@ -48,17 +48,22 @@ def _missing(name: str) -> CommandError:
     )
 
 
+# Kernel metapackages, resolved to the image each pulls (its name carries the kernel's version).
+KERNEL_METAPACKAGES = ("linux-image-amd64", "linux-image-cloud-amd64")
+
+
 def resolve(names: Iterable[str]) -> dict[str, str]:
-    """name -> candidate version, with linux-image-amd64 replaced by the image it pulls."""
+    """name -> candidate version, with each kernel metapackage (KERNEL_METAPACKAGES) replaced by the
+    image it pulls."""
     names = list(names)
     info = show(*names)
-    if "linux-image-amd64" in names:
-        m = re.search(r"^Depends:.*?(linux-image-[\w.-]+)", info.get("linux-image-amd64", ""), re.M)
+    for meta in [n for n in names if n in KERNEL_METAPACKAGES]:
+        m = re.search(r"^Depends:.*?(linux-image-[\w.-]+)", info.get(meta, ""), re.M)
         if not m:
-            raise _missing("linux-image-amd64")
+            raise _missing(meta)
         image = m.group(1)
         info.update(show(image))
-        names = [image if n == "linux-image-amd64" else n for n in names]
+        names = [image if n == meta else n for n in names]
     out = {}
     for name in names:
         m = re.search(r"^Version: (\S+)", info.get(name, ""), re.M)
@@ -80,14 +85,22 @@ def download(pkgs: dict[str, str], debs: Path) -> list[Path]:
     return paths
 
 
-def deb_member(deb: Path, member: str) -> bytes:
-    """One file of a .deb (``./bin/busybox``), as bytes."""
+def deb_members(deb: Path, *members: str) -> dict[str, bytes]:
+    """Files of a .deb (``bin/busybox``), as bytes, from one unpacking."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-deb-") as tmp:
         sh(["dpkg-deb", "-x", str(deb), tmp])
-        path = Path(tmp, member)
-        if not path.is_file():
-            raise CommandError(f"{deb.name} has no file {member}")
-        return path.read_bytes()
+        out = {}
+        for member in members:
+            path = Path(tmp, member)
+            if not path.is_file():
+                raise CommandError(f"{deb.name} has no file {member}")
+            out[member] = path.read_bytes()
+        return out
+
+
+def deb_member(deb: Path, member: str) -> bytes:
+    """One file of a .deb (``bin/busybox``), as bytes."""
+    return deb_members(deb, member)[member]
 
 
 # A cpio entry: (path, mode, file data or symlink target[, (rdev major, rdev minor)]).

@@ -60,15 +60,22 @@ LOADER_PACKAGES = {
     "systemd-boot": ["systemd-boot", "systemd-boot-efi", "dosfstools"],
 }
 ESP_MOUNT = "/boot/efi"  # systemd-boot's ESP in the lab host (Debian's fstab line, kernel-install's search)
-# Not installed: busybox-static goes into the nested guest's initramfs.
-NESTED_PACKAGES = ["busybox-static"]
+# Not installed: busybox-static goes into the nested guests' initramfs, Debian's cloud kernel boots
+# the nested guest on OVMF (NESTED_EFI_KERNEL).
+NESTED_PACKAGES = ["busybox-static", "linux-image-cloud-amd64"]
+CLOUD_FLAVOUR = "-cloud-amd64"  # the end of the cloud kernel's version (and of its image's package name)
 SUITE = "bookworm"
 # no_timer_check: under TCG on a busy machine QEMU's device timers can miss the kernel's early check
 # that the timer interrupt works through the interrupt-remapped IO-APIC (the lab's IOMMU has
 # intremap=on), and the kernel panics at 0.05 s ("timer doesn't work through Interrupt-remapped
 # IO-APIC"): seen here at a load of 5-30, on plain boots and on trial boots alike, each one a boot
 # lost, and a good trial boot counted as failed. The nested guests carry it for the same reason.
-GRUB_CMDLINE_LINUX = "console=ttyS0 panic=-1 no_timer_check"
+# mitigations=off: the emulated CPU (no PCID) would have the kernel turn on page-table isolation, and
+# under TCG each of its page-table switches (two a system call, interrupt or fault) flushes QEMU's
+# software TLB; in an emulator the mitigations protect nothing. Measured on the idle lab host,
+# 2026-11-27, on and off: its boot 36.7 s and 25.3 s, `python3 -c ...` 1.69 s and 1.13 s,
+# mkinitramfs (1,159 processes) 95 s and 75 s (docs/development/timings.md).
+GRUB_CMDLINE_LINUX = "console=ttyS0 panic=-1 no_timer_check mitigations=off"
 # Debian 12's kernel (CONFIG_INTEL_IOMMU_DEFAULT_ON_INTGPU_OFF=y) turns the Intel
 # IOMMU on by itself; the lab starts as a host with it off, the way the firmware
 # or an older kernel leaves many hosts: the iommu_host role replaces the argument.
@@ -143,8 +150,12 @@ NESTED_INITRD = "var/lib/libvirt/boot/gpuprov-nested-initrd.img"
 # PCI list from /vmlinuz in a converge, 185 s from the vmlinux; the boot arguments in
 # inventories/lab take it to 136 s).
 NESTED_KERNEL = "var/lib/libvirt/boot/gpuprov-nested-vmlinux"
-# The same kernel as Debian ships it (a bzImage with its EFI stub) for a nested guest on OVMF,
-# which boots no bare ELF: inventories/lab's multi-GPU VM, whose 64-bit MMIO window only OVMF sizes.
+# A nested guest on OVMF (inventories/lab's multi-GPU VM, whose 64-bit MMIO window only OVMF sizes)
+# boots no bare ELF, only a bzImage with its EFI stub, which then decompresses itself: Debian's cloud
+# kernel, LZ4-compressed, where the lab's own is XZ (the same source and version, PCI, ACPI, NUMA, PVH
+# and the EFI stub built in). Measured on the idle lab host, 2026-11-27, OVMF, one vCPU: 287 s to
+# the PCI list from the lab's kernel, 222 s from the cloud kernel (through SeaBIOS its vmlinux
+# boots no faster than the lab's: 140 s and 143 s, so the other nested guest keeps the lab's).
 NESTED_EFI_KERNEL = "var/lib/libvirt/boot/gpuprov-nested-vmlinuz"
 XZ_MAGIC = b"\xfd7zXZ\x00"
 NESTED_MODULES = ["kernel/drivers/input/evdev.ko", "kernel/drivers/acpi/button.ko"]
@@ -183,7 +194,8 @@ for d in /sys/bus/pci/devices/*; do
   echo "PCI ${{d##*/}} ${{v#0x}}:${{p#0x}} class $c"
 done
 echo {NESTED_END}
-for m in /lib/modules/*.ko; do $b insmod "$m"; done
+read -r release < /proc/sys/kernel/osrelease
+for m in /lib/modules/$release/*.ko; do $b insmod "$m"; done
 for i in 1 2 3 4 5 6 7 8 9 10; do
   for e in /sys/class/input/event*; do
     name=
@@ -203,8 +215,9 @@ while :; do $b sleep 3600; done
 """
 
 
-def nested_initramfs(busybox: bytes, modules: dict[str, bytes]) -> list[debpkg.CpioEntry]:
-    """The nested guest's initramfs, as cpio entries (busybox, /init, the modules)."""
+def nested_initramfs(busybox: bytes, modules: dict[str, dict[str, bytes]]) -> list[debpkg.CpioEntry]:
+    """The nested guests' initramfs, as cpio entries (busybox, /init, the modules of each kernel
+    release under lib/modules/RELEASE/: /init loads the running kernel's)."""
     entries: list[debpkg.CpioEntry] = [
         (d, stat.S_IFDIR | 0o755, b"") for d in ("bin", "dev", "lib", "lib/modules", "proc", "sys")
     ]
@@ -213,7 +226,9 @@ def nested_initramfs(busybox: bytes, modules: dict[str, bytes]) -> list[debpkg.C
         ("bin/busybox", stat.S_IFREG | 0o755, busybox),
         ("init", stat.S_IFREG | 0o755, NESTED_INIT),
     ]
-    entries += [(f"lib/modules/{name}", stat.S_IFREG | 0o644, data) for name, data in sorted(modules.items())]
+    for release, files in sorted(modules.items()):
+        entries.append((f"lib/modules/{release}", stat.S_IFDIR | 0o755, b""))
+        entries += [(f"lib/modules/{release}/{n}", stat.S_IFREG | 0o644, data) for n, data in sorted(files.items())]
     return entries
 
 
@@ -235,15 +250,27 @@ def vmlinux_of(bzimage: bytes) -> bytes:
     return elf
 
 
-def build_nested_kernel(root: Path, kver: str) -> None:
-    bzimage = (root / "boot" / f"vmlinuz-{kver}").read_bytes()
-    put(root, NESTED_KERNEL, vmlinux_of(bzimage))
-    put(root, NESTED_EFI_KERNEL, bzimage)
+def is_nested_package(name: str) -> bool:
+    """A package for the nested guests (NESTED_PACKAGES, the cloud kernel's image as resolved), not
+    installed in the lab host."""
+    return name in NESTED_PACKAGES or (name.startswith("linux-image-") and name.endswith(CLOUD_FLAVOUR))
 
 
-def build_nested_initrd(root: Path, kver: str, busybox_deb: Path) -> None:
+def cloud_kernel(deb: Path) -> tuple[str, bytes, dict[str, bytes]]:
+    """(release, bzImage, NESTED_MODULES by name) from the cloud kernel's image package."""
+    release = deb.name.split("_")[0][len("linux-image-") :]
+    files = debpkg.deb_members(deb, f"boot/vmlinuz-{release}", *(f"lib/modules/{release}/{m}" for m in NESTED_MODULES))
+    modules = {Path(m).name: files[f"lib/modules/{release}/{m}"] for m in NESTED_MODULES}
+    return release, files[f"boot/vmlinuz-{release}"], modules
+
+
+def build_nested_kernels(root: Path, kver: str, cloud_bzimage: bytes) -> None:
+    put(root, NESTED_KERNEL, vmlinux_of((root / "boot" / f"vmlinuz-{kver}").read_bytes()))
+    put(root, NESTED_EFI_KERNEL, cloud_bzimage)
+
+
+def build_nested_initrd(root: Path, modules: dict[str, dict[str, bytes]], busybox_deb: Path) -> None:
     busybox = debpkg.deb_member(busybox_deb, "bin/busybox")
-    modules = {Path(m).name: (root / "lib/modules" / kver / m).read_bytes() for m in NESTED_MODULES}
     out = root / NESTED_INITRD
     out.parent.mkdir(parents=True, exist_ok=True)
     debpkg.cpio(nested_initramfs(busybox, modules), out)
@@ -399,9 +426,10 @@ def build_rootfs(
 ) -> None:
     mirror, security = debian_mirrors()
     cache = lab / "debs"
-    nested = {n: v for n, v in pkgs.items() if n in NESTED_PACKAGES}
-    pkgs = {n: v for n, v in pkgs.items() if n not in NESTED_PACKAGES}
-    (busybox_deb,) = debpkg.download(nested, cache)
+    nested = {n: v for n, v in pkgs.items() if is_nested_package(n)}
+    pkgs = {n: v for n, v in pkgs.items() if not is_nested_package(n)}
+    (busybox_deb,) = debpkg.download({"busybox-static": nested.pop("busybox-static")}, cache)
+    (cloud_deb,) = debpkg.download(nested, cache)
     (cache / "debootstrap").mkdir(parents=True, exist_ok=True)
     say(f"debootstrap --variant=minbase {SUITE} ({mirror})")
     debpkg.sh(
@@ -445,8 +473,10 @@ def build_rootfs(
         extra.mkdir(parents=True, exist_ok=True)
         shutil.copy(mtty, extra / "mtty.ko")  # loaded at boot (modules-load.d, FILES)
         chroot(root, "depmod", "-a", kver)
-        build_nested_initrd(root, kver, busybox_deb)
-        build_nested_kernel(root, kver)
+        cloud_release, cloud_bzimage, cloud_modules = cloud_kernel(cloud_deb)
+        lab_modules = {Path(m).name: (root / "lib/modules" / kver / m).read_bytes() for m in NESTED_MODULES}
+        build_nested_initrd(root, {kver: lab_modules, cloud_release: cloud_modules}, busybox_deb)
+        build_nested_kernels(root, kver, cloud_bzimage)
         for rel in REMOVED_FILES:
             with suppress(FileNotFoundError):
                 (root / rel).unlink()
@@ -547,7 +577,8 @@ def first_boot(img: Path, work: Path, fs_uuid: str, loader: str) -> None:
         "-initrd",
         str(work / "initrd.img"),
         "-append",
-        f"root=UUID={fs_uuid} rw console=ttyS0 panic=-1 quiet init=/usr/local/sbin/gpuprov-lab-firstboot",
+        f"root=UUID={fs_uuid} rw console=ttyS0 panic=-1 mitigations=off quiet "
+        "init=/usr/local/sbin/gpuprov-lab-firstboot",
         "-drive",
         f"file={img},format=raw,if=virtio",
         *(["-drive", f"file={work / 'esp.img'},format=raw,if=virtio"] if loader == "systemd-boot" else []),
@@ -675,7 +706,7 @@ def recipe_text() -> str:
 def image_key(lab: Path, loader: str = DEFAULT_LOADER) -> tuple[str, dict[str, str], str, str]:
     """(cache key, package versions, kernel version, root's public key) from apt's view now."""
     pkgs = debpkg.resolve(PACKAGES + LOADER_PACKAGES[loader] + NESTED_PACKAGES)
-    kver = next(n for n in pkgs if n.startswith("linux-image-"))[len("linux-image-") :]
+    kver = next(n for n in pkgs if n.startswith("linux-image-") and not is_nested_package(n))[len("linux-image-") :]
     pubkey = (ensure_key(lab).with_suffix(".pub")).read_text()
     h = hashlib.sha256(f"loader={loader}\n".encode())
     for n, v in sorted(pkgs.items()):
