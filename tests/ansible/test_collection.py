@@ -142,7 +142,16 @@ def tarball(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tool.tarball(tmp_path_factory.mktemp("dist"))
 
 
-@pytest.fixture(scope="session", params=RELEASES, ids=[f"ansible-core-{r}" for r in RELEASES])
+# The oldest release runs from its cached venv, made by whichever Python made it first: its
+# controller is that venv's Python, not this one, so Debian's pass (tests/conftest.py) leaves it
+# to the first pass and plays the current release, installed in its own venv.
+_RELEASE_PARAMS = [
+    pytest.param(r, id=f"ansible-core-{r}", marks=[pytest.mark.interpreter_independent] * (r != CURRENT))
+    for r in RELEASES
+]
+
+
+@pytest.fixture(scope="session", params=_RELEASE_PARAMS)
 def installed(
     request: pytest.FixtureRequest, tarball: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
