@@ -433,13 +433,25 @@ def test_inspect_reports_the_same_with_and_without_openat2(host_root, tmp_path) 
 # Once, under PATH's python3: the walk is os.open/os.readlink with dir_fd, no ctypes; the second
 # pass (Debian's python3) runs test_sysfs_safety.py itself, through openat2.
 @pytest.mark.interpreter_independent
-def test_the_safety_suite_passes_without_openat2() -> None:
+def test_the_safety_suite_passes_without_openat2(tmp_path) -> None:
     """tests/**/test_sysfs_safety.py again, on the walk: its answers do not depend on the kernel."""
     suite = sorted((REPO / "tests").rglob("test_sysfs_safety.py"))
     assert suite, "no test_sysfs_safety.py under tests/"
     env = {**os.environ, "GPUPROV_NO_OPENAT2": "1", "PYTHONPATH": str(REPO)}
+    # Its own --basetemp: without one, that pytest's exit prunes the machine's older numbered
+    # /tmp/pytest-of-<user>/pytest-N folders, any other run's included (seen: minutes on a
+    # 244,000-entry folder a past run left, past this test's timeout).
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite[0])],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={tmp_path / 'inner'}",
+            str(suite[0]),
+        ],
         capture_output=True,
         text=True,
         env=env,
