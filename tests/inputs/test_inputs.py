@@ -72,7 +72,7 @@ BASE: dict[str, Any] = {
     "gpuprov_gpus": {"mtty": {"use": "mdev", "mdevs": [{"type": "mtty-1", "uuid": UUID}]}},
 }
 # What a hostile file may cost plan, the whole process (the alias bomb took 36 s before): room for
-# a loaded machine, where the 5,000-VM list took 2.01 s under Debian's python3 (CI's test pass
+# a loaded machine, where the 5,000-VM list took 2.01 s under Debian's python3 (test.sh's pass
 # beside the lab, 2026-11-27; 2.8 s of wall time alone), and still far below the bomb.
 CPU_SECONDS = 6.0
 MEMORY_LIMIT = 1 << 30
