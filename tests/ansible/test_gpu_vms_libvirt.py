@@ -62,6 +62,11 @@ IMAGES = Path("/var/lib/libvirt/images/gpuprov-test")
 LOCK = Path("/run/lock/gpuprov-libvirt-test.lock")
 VM = "gpuprov-test-vm"
 USER = "gpuadmin"
+# Appended to the image's kernel line: under TCG the guest's CPU (libvirt's qemu64, no PCID) would
+# have its kernel turn on page-table isolation, and each of its page-table switches (two a system
+# call, interrupt or fault) flushes QEMU's software TLB; in an emulator the mitigations protect
+# nothing (dev/lab/image.py's GRUB_CMDLINE_LINUX, measured there).
+TCG_GUEST_ARGS = "mitigations=off"
 
 # The namespace libvirtd, the guests' network, ansible-playbook and ssh run in.
 NETNS = "gpuprov-libvirt"
@@ -288,7 +293,7 @@ def playbook(libvirt_host: dict[str, Any], tmp_path_factory: pytest.TempPathFact
         "boot": {
             "kernel": str(IMAGES / "base-vmlinuz"),
             "initrd": str(IMAGES / "base-initrd.img"),
-            "cmdline": libvirt_host["cmdline"],
+            "cmdline": f"{libvirt_host['cmdline']} {TCG_GUEST_ARGS}",
         },
         "cloud_init": {"user": USER, "ssh_authorized_keys": [libvirt_host["pubkey"]]},
     }
