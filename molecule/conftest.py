@@ -80,6 +80,10 @@ def run_converge(
     if check:
         cmd += ["--check", "--diff"]
     env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_FORCE_COLOR="0")
+    # Only the JSON callback writes stdout: one enabled from the environment (profile_tasks, to time a
+    # lab run) breaks the document read below (2026-11-28).
+    for name in ("ANSIBLE_CALLBACKS_ENABLED", "ANSIBLE_CALLBACK_WHITELIST"):
+        env.pop(name, None)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     output = f"$ {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
     try:
