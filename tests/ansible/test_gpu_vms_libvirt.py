@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 
+from tests.ansible.jsonplay import json_playbook_env
 from tests.conftest import collections_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -319,13 +320,7 @@ def playbook(libvirt_host: dict[str, Any], tmp_path_factory: pytest.TempPathFact
             "-e",
             f"@{work / 'vars.json'}",
         ]
-        env = {
-            **os.environ,
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_LOCALHOST_WARNING": "0",
-        }
+        env = json_playbook_env()
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
         output = f"$ {' '.join(cmd)}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
         try:

@@ -5,7 +5,6 @@ without another module run; another root is resolved again (issue #14)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ansible.jsonplay import json_playbook_env
 from tests.conftest import REPO, collections_path
 
 RESOLVE = "Resolve the host's declaration against its facts"
@@ -43,13 +43,7 @@ def run(tmp_path: Path, plays: list[dict], first: Path) -> list[tuple[str, dict]
         "-e",
         json.dumps({"gpuprov_host": host, "first_root": str(first), "ansible_python_interpreter": sys.executable}),
     ]
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCALHOST_WARNING": "0",
-    }
+    env = json_playbook_env()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     try:
         data = json.loads(proc.stdout[proc.stdout.index("{") :])

@@ -6,7 +6,6 @@ string. Every boolean role variable goes through ``| bool`` where the role decid
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.ansible.jsonplay import json_playbook_env
 from tests.conftest import collections_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,13 +76,7 @@ def play(tmp_path: Path, root: Path, *extra: str) -> tuple[int, dict[str, dict[s
     cmd += ["-e", f"iommu_host_root={root}", "-e", f"ansible_python_interpreter={sys.executable}"]
     for item in extra:
         cmd += ["-e", item]
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCALHOST_WARNING": "0",
-    }
+    env = json_playbook_env()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     output = f"$ {' '.join(cmd)}\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
     try:
