@@ -266,6 +266,10 @@ fi
 
 step "ansible-test sanity" collection_sanity
 step "docker images" docker_images
+# The linters (one process each) before the pytest passes: what runs after the lab lane has ended
+# should be what uses both cores (pytest's two workers, the Docker scenarios two at once).
+step "yamllint" yamllint --strict .
+step "ansible-lint" ansible-lint
 step "pytest (python3 $(python_version python))" run_pytest python -n 2 --dist loadfile "$@"
 # Again under Debian 12's own python3, the README's platform (PATH's python3 may be another
 # build: pyenv's on the CI machine): the tests of what can differ between two builds of
@@ -300,8 +304,6 @@ fi
 # under ${GPUPROV_CACHE:-$HOME/.cache/gpuprov}/py39; the CLI's and the package's tests, not the
 # controller's), the properties at 15 examples as in the pass above.
 GPUPROV_HYPOTHESIS_EXAMPLES=15 step "pytest (Debian 11 python3.9)" with_failures "python 3.9" scripts/py39.sh -n 2 --dist loadfile "$@"
-step "yamllint" yamllint --strict .
-step "ansible-lint" ansible-lint
 if [[ $molecule == yes ]]; then
   step "molecule (Docker)" run_molecule_docker
   echo "=== test.sh: the lab lane's output ($logs/lab.log), to its end"
