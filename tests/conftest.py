@@ -103,8 +103,19 @@ def pytest_configure(config: pytest.Config) -> None:
             os.putenv(name, inherited)
 
 
+# The other way round: a test that plays a module through `ansible` on a target interpreter (the
+# fixture bare_python: a Python with the standard library only, made from the one running the
+# tests, as on a fresh target host) is about that target. Under Debian's python3 the target is the
+# one a Debian 12 host has; under PATH's python3 (CI's: pyenv's 3.11.7) it is one no target host
+# has, and the controller on that Python is what the molecule scenarios run. So scripts/test.sh runs
+# these once, in the pass under Debian's python3, when that pass runs: they are marked
+# `target_python` where that pass keeps them (neither `slow` nor `interpreter_independent`), and the
+# first pass deselects the mark. A run of pytest by hand runs them all.
+TARGET_FIXTURE = "bare_python"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks ``interpreter_independent`` (above)."""
+    """Marks ``interpreter_independent`` and ``target_python`` (above)."""
     tests = Path(__file__).parent
     missing = sorted(name for name in INTERPRETER_INDEPENDENT if not (tests / name).is_file())
     if missing:
@@ -113,6 +124,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         with contextlib.suppress(ValueError):
             if item.path.relative_to(tests).as_posix() in INTERPRETER_INDEPENDENT:
                 item.add_marker(pytest.mark.interpreter_independent)
+        kept_by_debian_pass = all(item.get_closest_marker(name) is None for name in ("slow", "interpreter_independent"))
+        if TARGET_FIXTURE in getattr(item, "fixturenames", ()) and kept_by_debian_pass:
+            item.add_marker(pytest.mark.target_python)
 
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
