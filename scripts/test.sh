@@ -3,11 +3,12 @@
 #   ruff (check + format); the collection built and ansible-test sanity on it; the Docker
 #   engine and the local test images (scripts/dockerd.sh, scripts/molecule-image.sh, cached
 #   under ${GPUPROV_CACHE:-$HOME/.cache/gpuprov}), started before pytest so that no test
-#   skips for want of them; pytest in .venv (python3 on PATH) on two workers (pytest-xdist,
-#   a file's tests on one); the unit tests that can differ between interpreters again under
-#   Debian 12's own /usr/bin/python3, in .venv-system (tests/conftest.py says which and why),
-#   and the CLI's and the package's under Debian 11's python3.9 (scripts/py39.sh);
-#   yamllint, ansible-lint (production profile), and the molecule scenarios under molecule/.
+#   skips for want of them; yamllint, ansible-lint (production profile); pytest in .venv
+#   (python3 on PATH) on two workers (pytest-xdist, a file's tests on one); the unit tests that
+#   can differ between interpreters again under Debian 12's own /usr/bin/python3, in
+#   .venv-system, and the modules played on a target interpreter there only (tests/conftest.py
+#   says which and why); the CLI's and the package's under Debian 11's python3.9
+#   (scripts/py39.sh); and the molecule scenarios under molecule/.
 #
 # Two lanes share the machine (CI's 2 cores; docs/development/timings.md has the figures):
 #   - the lab lane: the scenarios on the emulated lab host (molecule/lab, molecule/lab_boot:
