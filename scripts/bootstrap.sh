@@ -46,9 +46,11 @@ command -v "$PY" >/dev/null 2>&1 || {
   echo "bootstrap: no Python interpreter $PY here" >&2
   exit 2
 }
-# A venv made from another interpreter (PYTHON changed, pyenv upgraded) is made again.
+# A venv made from another interpreter (PYTHON changed, pyenv upgraded) is made again. The right
+# side quoted: unquoted, [[ ]] reads it as a pattern, and sys.version's "[GCC 12.2.0]" is a bracket
+# expression that never matches itself, so every venv was made again on every run (60-90 s each).
 base='import sys; print(sys.base_prefix, sys.version)'
-if [[ ! -x $VENV/bin/python || $("$VENV/bin/python" -c "$base" 2>/dev/null) != $("$PY" -c "$base") ]]; then
+if [[ ! -x $VENV/bin/python || $("$VENV/bin/python" -c "$base" 2>/dev/null) != "$("$PY" -c "$base")" ]]; then
   "$PY" -m venv --clear "$VENV"
 fi
 extras=${1:-}
