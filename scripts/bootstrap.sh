@@ -49,8 +49,14 @@ command -v "$PY" >/dev/null 2>&1 || {
 # A venv made from another interpreter (PYTHON changed, pyenv upgraded) is made again. The right
 # side quoted: unquoted, [[ ]] reads it as a pattern, and sys.version's "[GCC 12.2.0]" is a bracket
 # expression that never matches itself, so every venv was made again on every run (60-90 s each).
+# A venv moved or copied from elsewhere (its scripts' #! lines name the old place) too.
 base='import sys; print(sys.base_prefix, sys.version)'
-if [[ ! -x $VENV/bin/python || $("$VENV/bin/python" -c "$base" 2>/dev/null) != "$("$PY" -c "$base")" ]]; then
+made_here() {
+  [[ -x $VENV/bin/python && -f $VENV/bin/pip ]] || return 1
+  [[ $(head -n 1 "$VENV/bin/pip") == "#!$(cd "$VENV" && pwd -P)/bin/python"* ]] || return 1
+  [[ $("$VENV/bin/python" -c "$base" 2>/dev/null) == "$("$PY" -c "$base")" ]]
+}
+if ! made_here; then
   "$PY" -m venv --clear "$VENV"
 fi
 extras=${1:-}
