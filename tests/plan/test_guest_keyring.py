@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,16 +29,29 @@ def gpg(home: Path, *args: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def test_key(tmp_path_factory) -> dict:
-    """A key made by gpg: armored, binary, and its fingerprint as gpg prints it."""
+def test_key(tmp_path_factory) -> Iterator[dict]:
+    """A key made by gpg: armored, binary, and its fingerprint as gpg prints it. Making it starts a
+    gpg-agent for that home, which would outlive the run: stopped at the end."""
     if shutil.which("gpg") is None:
         pytest.skip("gpg is not installed")
     home = tmp_path_factory.mktemp("gnupg")
     home.chmod(0o700)
-    gpg(home, "--passphrase", "", "--quick-gen-key", "gpuprov test <test@gpuprov.invalid>", "ed25519", "sign", "never")
-    colons = gpg(home, "--with-colons", "--fingerprint").decode()
-    fpr = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
-    return {"home": home, "armored": gpg(home, "--armor", "--export"), "binary": gpg(home, "--export"), "fpr": fpr}
+    try:
+        gpg(
+            home,
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            "gpuprov test <test@gpuprov.invalid>",
+            "ed25519",
+            "sign",
+            "never",
+        )
+        colons = gpg(home, "--with-colons", "--fingerprint").decode()
+        fpr = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
+        yield {"home": home, "armored": gpg(home, "--armor", "--export"), "binary": gpg(home, "--export"), "fpr": fpr}
+    finally:
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
 
 
 def test_dearmor_gives_what_gpg_exports(test_key) -> None:
