@@ -137,7 +137,7 @@ run_molecule_docker() (
   for scenario in "${order[@]}"; do
     while :; do
       slots=2
-      # lab_lane writes lab.seconds as it ends (its process stays a zombie until this shell waits).
+      # Ended: lab_lane wrote lab.seconds as it ended, or its process is gone (stopped before that).
       [[ -n $lab_pid && ! -e $logs/lab.seconds ]] && kill -0 "$lab_pid" 2>/dev/null && slots=1
       (($(jobs -rp | wc -l) < slots)) && break
       sleep 2
