@@ -250,7 +250,13 @@ stop_lab_lane() {
     python -m dev.lab down --force >/dev/null 2>&1 || true
   fi
 }
-trap stop_lab_lane EXIT
+# The lab lane stopped (if it runs) and the pytest passes' tmpfs scratch (below) removed, however this ends.
+scratch=
+on_exit() {
+  stop_lab_lane
+  [[ -z $scratch ]] || rm -rf "$scratch"
+}
+trap on_exit EXIT
 if [[ $molecule == yes ]]; then
   set -m
   # A subshell, so that $! is the process group and wait gives lab_lane's status (not stamp's).
@@ -271,12 +277,36 @@ step "docker images" docker_images
 # should be what uses both cores (pytest's two workers, the Docker scenarios two at once).
 step "yamllint" yamllint --strict .
 step "ansible-lint" ansible-lint
+# The pytest passes' temporary files (TMPDIR) on a tmpfs: the tests unpack captures and build fake
+# sysfs trees, thousands of files each. A directory and a file made take about 0.8 ms on this kind
+# of machine's ext4 root and 22 us on tmpfs; cli/test_capture_mutations.py alone took 206 s and 42 s
+# (docs/development/timings.md). The 3.9 pass's chroot has had a tmpfs /tmp all along (py39.sh).
+# /dev/shm is Debian's tmpfs; where it is not one, or small, or noexec (tests run scripts they
+# write), TMPDIR stays as it was. Removed when the run ends.
+scratch_tmp() {
+  local dir
+  [[ $(stat -f -c %T /dev/shm 2>/dev/null) == tmpfs ]] || return 1
+  (($(df --output=avail -k /dev/shm | tail -n 1) > 4 * 1024 * 1024)) || return 1
+  dir=$(mktemp -d /dev/shm/gpuprov-tmp.XXXXXX) || return 1
+  printf '#!/bin/sh\n' >"$dir/x" && chmod +x "$dir/x" && "$dir/x" && rm "$dir/x" && scratch=$dir && return 0
+  rm -rf "$dir"
+  return 1
+}
+if scratch_tmp; then
+  echo "=== test.sh: the pytest passes' TMPDIR: $scratch (tmpfs)"
+else
+  echo "test.sh: NOTE: no usable tmpfs at /dev/shm: the pytest passes' temporary files stay in ${TMPDIR:-/tmp}" >&2
+fi
+# in_scratch CMD...: CMD with TMPDIR on the tmpfs (as it was where there is none).
+in_scratch() {
+  if [[ -n $scratch ]]; then TMPDIR=$scratch "$@"; else "$@"; fi
+}
 # The modules played on a target interpreter run in the pass under Debian's python3 only, when it runs
 # (tests/conftest.py, target_python: the target a Debian 12 host has, not PATH's build).
 system_python=/usr/bin/python3
 first_pass_marks=()
 [[ -x $system_python ]] && first_pass_marks=(-m "not target_python")
-step "pytest (python3 $(python_version python))" run_pytest python -n 2 --dist loadfile ${first_pass_marks[@]+"${first_pass_marks[@]}"} "$@"
+step "pytest (python3 $(python_version python))" in_scratch run_pytest python -n 2 --dist loadfile ${first_pass_marks[@]+"${first_pass_marks[@]}"} "$@"
 # Again under Debian 12's own python3, the README's platform (PATH's python3 may be another
 # build: pyenv's on the CI machine): the tests of what can differ between two builds of
 # CPython 3.11 (tests/conftest.py, INTERPRETER_INDEPENDENT: the standard library's patch level,
@@ -290,7 +320,7 @@ step "pytest (python3 $(python_version python))" run_pytest python -n 2 --dist l
 if [[ -x $system_python ]]; then
   step "venv ($system_python)" env PYTHON=$system_python VENV=.venv-system scripts/bootstrap.sh test,ansible
   GPUPROV_HYPOTHESIS_EXAMPLES=15 step "pytest ($system_python $(python_version $system_python))" \
-    run_pytest .venv-system/bin/python -n 2 --dist loadfile -m "not slow and not interpreter_independent" "$@"
+    in_scratch run_pytest .venv-system/bin/python -n 2 --dist loadfile -m "not slow and not interpreter_independent" "$@"
 elif [[ ${CI:-} == true ]]; then
   echo "test.sh: no $system_python (Debian's own python3): CI must run the unit tests under it" >&2
   results+=("$(printf '%-32s %-6s' "pytest ($system_python)" FAIL) (no $system_python)")
