@@ -49,6 +49,9 @@ PACKAGES = [
     "dnsmasq-base",
     "python3-libvirt",
     "mdevctl",  # the vGPU role persists mdevs as mdevctl definitions
+    # initramfs-tools compresses with zstd (its default, COMPRESS=zstd) and without it falls back to
+    # gzip: about 5 s of each update-initramfs under TCG.
+    "zstd",
 ]
 # The boot loader (``up --loader``): GRUB (the default, as grub-install would set it up,
 # its modules and environment block on the root disk) or systemd-boot on a writable
@@ -136,7 +139,16 @@ FILES = {
     "etc/modules-load.d/gpuprov-lab-mtty.conf": "# the lab's mdev parent (samples/vfio-mdev)\nmtty\n",
 }
 # libvirt's default NAT network would start dnsmasq on every boot: the lab's VMs have no NIC.
-REMOVED_FILES = ["etc/libvirt/qemu/networks/autostart/default.xml"]
+# Two initramfs hooks the lab's boot never uses: fsck's (fsck, logsave, e2fsck and their libraries
+# copied in; the root is checked by systemd-fsck-root after the switch) and dmsetup's (no device
+# mapper here). Each update-initramfs (the trial module's, the vfio bind's: about eight in a CI run)
+# spends 9-10 s and 4-5 s of TCG on them: 69 s with both, 56 s without, measured on the idle lab
+# host 2026-11-28 (docs/development/timings.md).
+REMOVED_FILES = [
+    "etc/libvirt/qemu/networks/autostart/default.xml",
+    "usr/share/initramfs-tools/hooks/fsck",
+    "usr/share/initramfs-tools/hooks/dmsetup",
+]
 
 # The nested guest (inventories/lab: TCG inside the lab host's TCG): the lab's own
 # kernel (PCI and the 8250 serial console are built in), decompressed (NESTED_KERNEL), and
