@@ -8,7 +8,8 @@
 #   can differ between interpreters again under Debian 12's own /usr/bin/python3, in
 #   .venv-system, and the modules played on a target interpreter there only (tests/conftest.py
 #   says which and why); the CLI's and the package's under Debian 11's python3.9
-#   (scripts/py39.sh); and the molecule scenarios under molecule/.
+#   (scripts/py39.sh), each pass with its temporary files on a tmpfs (scratch_tmp, below); and
+#   the molecule scenarios under molecule/.
 #
 # Two lanes share the machine (CI's 2 cores; docs/development/timings.md has the figures):
 #   - the lab lane: the scenarios on the emulated lab host (molecule/lab, molecule/lab_boot:
