@@ -289,6 +289,9 @@ scratch_tmp() {
   [[ $(stat -f -c %T /dev/shm 2>/dev/null) == tmpfs ]] || return 1
   (($(df --output=avail -k /dev/shm | tail -n 1) > 4 * 1024 * 1024)) || return 1
   dir=$(mktemp -d /dev/shm/gpuprov-tmp.XXXXXX) || return 1
+  # Open like /tmp (mktemp makes it root's alone): the real-libvirt test runs its daemon as nobody
+  # in a folder under it (tests/ansible/test_domain_multigpu_libvirt.py).
+  chmod 1777 "$dir" || return 1
   printf '#!/bin/sh\n' >"$dir/x" && chmod +x "$dir/x" && "$dir/x" && rm "$dir/x" && scratch=$dir && return 0
   rm -rf "$dir"
   return 1

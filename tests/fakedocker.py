@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from gpuprov.facts.docker_api import reachable_unix_path
+
 
 class FakeDockerd:
     def __init__(
@@ -62,7 +64,8 @@ class FakeDockerd:
         class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             daemon_threads = True
 
-        self._server = Server(self.socket_path, Handler)
+        with reachable_unix_path(self.socket_path) as bindable:  # a deep tmp_path is too long for bind()
+            self._server = Server(bindable, Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 

@@ -9,10 +9,13 @@ time; what the engine says is data, never run.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import os
 import socket
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +33,28 @@ class EngineError(RuntimeError):
         self.status = status
 
 
+MAX_SUN_PATH = 107  # sockaddr_un's sun_path is 108 bytes with its NUL (unix(7))
+
+
+@contextlib.contextmanager
+def reachable_unix_path(path: str) -> Iterator[str]:
+    """``path``, or one that reaches the same socket when ``path`` is too long for sockaddr_un.
+
+    A long root (a guest staged under a deep folder) would make ``connect`` fail with "AF_UNIX path
+    too long": the socket's folder is opened instead and named through /proc/self/fd, which the
+    kernel resolves to it. The path is good while the context is open.
+    """
+    if len(os.fsencode(path)) <= MAX_SUN_PATH:
+        yield path
+        return
+    folder, name = os.path.split(path)
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)
+
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
@@ -37,8 +62,13 @@ class _UnixConnection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
+        try:
+            sock.settimeout(self.timeout)
+            with reachable_unix_path(self._path) as path:
+                sock.connect(path)
+        except OSError:
+            sock.close()
+            raise
         self.sock = sock
 
 

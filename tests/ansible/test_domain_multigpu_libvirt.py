@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -56,6 +57,9 @@ def _as_user(argv: list[str]) -> list[str]:
 @pytest.fixture
 def libvirt_dir() -> Iterator[Path]:
     """The daemon's files, where user nobody can reach them (pytest's tmp_path is root's only)."""
+    top = Path(tempfile.gettempdir())
+    closed = [p for p in (top, *top.parents) if not p.stat().st_mode & stat.S_IXOTH]
+    assert os.geteuid() != 0 or not closed, f"nobody cannot enter {closed[0]}: make TMPDIR a folder others can enter"
     base = Path(tempfile.mkdtemp(prefix="gpuprov-libvirt-"))
     base.chmod(0o755)
     try:

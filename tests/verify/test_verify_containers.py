@@ -466,3 +466,15 @@ def test_a_real_engine_without_nvidia_runtime_refuses_the_gpu() -> None:
     assert run.engine and run.status == "fail", run
     assert "could not select device driver" in run.message
     assert len(engine.call("GET", "/containers/json?all=1")) == before, "the container was not removed"
+
+
+def test_an_engine_socket_deeper_than_sockaddr_un_allows_is_still_reached(tmp_path) -> None:
+    """A guest staged under a deep folder: its socket's path is over unix(7)'s 107 bytes."""
+    deep = tmp_path.joinpath(*["a-folder-name-of-some-length"] * 5)
+    deep.mkdir(parents=True)
+    engine = FakeDockerd(deep / "docker.sock")
+    try:
+        assert len(engine.socket_path) > 107 and (deep / "docker.sock").is_socket()
+        assert DockerEngine(engine.socket_path, timeout=10).ping() is True
+    finally:
+        engine.close()
