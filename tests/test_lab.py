@@ -64,6 +64,24 @@ def nested_vm(name: str = "lab-nested") -> dict:
     return next(vm for vm in host_vars()["gpuprov_host"]["vms"] if vm["name"] == name)
 
 
+# ---------------------------------------------------------------- the packages mtty is built from
+
+# `apt-cache madison linux-kbuild-6.1` on 2026-11-29 (bookworm and bookworm-security).
+KBUILD_MADISON = """\
+linux-kbuild-6.1 |  6.1.192-3 | http://deb.debian.org/debian-security bookworm-security/main amd64 Packages
+linux-kbuild-6.1 |  6.1.176-1 | http://deb.debian.org/debian bookworm/main amd64 Packages
+"""
+
+
+def test_the_kernel_tools_come_from_the_headers_release_when_their_revision_moved_on() -> None:
+    assert debpkg.same_release(KBUILD_MADISON, "linux-kbuild-6.1", "6.1.192-2") == "6.1.192-3"
+    assert debpkg.same_release(KBUILD_MADISON, "linux-kbuild-6.1", "6.1.176-1") == "6.1.176-1"
+    with pytest.raises(debpkg.CommandError, match=r"no linux-kbuild-6.1 of release 6.1.190 \(it has 6.1.192-3, 6"):
+        debpkg.same_release(KBUILD_MADISON, "linux-kbuild-6.1", "6.1.190-1")
+    with pytest.raises(debpkg.CommandError, match="it has none"):
+        debpkg.same_release("", "linux-kbuild-6.1", "6.1.192-2")
+
+
 # ---------------------------------------------------------------- the nested guest's initramfs
 
 

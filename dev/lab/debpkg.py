@@ -73,6 +73,30 @@ def resolve(names: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def same_release(madison: str, name: str, ver: str) -> str:
+    """``ver`` when ``apt-cache madison NAME`` lists it, else the first version it lists of the same
+    upstream release (``ver`` without its Debian revision). A security upload can move some of one
+    source's packages and not others: on 2026-11-29 bookworm-security had linux-kbuild-6.1 at
+    6.1.192-3 only, beside linux-headers-6.1.0-56-amd64 at 6.1.192-2 (the tools of the same
+    release build the same module)."""
+    known = [parts[1].strip() for line in madison.splitlines() if len(parts := line.split("|")) >= 3]
+    if ver in known:
+        return ver
+    upstream = ver.rsplit("-", 1)[0]
+    for candidate in known:
+        if candidate.rsplit("-", 1)[0] == upstream:
+            return candidate
+    raise CommandError(
+        f"apt knows no {name} of release {upstream} (it has {', '.join(known) or 'none'}): "
+        "run `apt-get update` (Debian 12 sources with main and security) and try again"
+    )
+
+
+def of_release(name: str, ver: str) -> str:
+    """same_release() for ``name`` with the build machine's apt."""
+    return same_release(sh(["apt-cache", "madison", name]), name, ver)
+
+
 def download(pkgs: dict[str, str], debs: Path) -> list[Path]:
     """The .deb of each name=version, from ``debs`` or downloaded into it."""
     debs.mkdir(parents=True, exist_ok=True)
@@ -143,7 +167,8 @@ def build_mtty(kver: str, ko: Path, debs: Path) -> Path:
     info = show(headers)[headers]
     common = re.search(r"^Depends:.*?(linux-headers-[\w.-]+-common)", info, re.M).group(1)
     series = re.match(r"\d+\.\d+", ver).group(0)
-    got = download({headers: ver, common: ver, f"linux-kbuild-{series}": ver, f"linux-source-{series}": ver}, debs)
+    kbuild, source = f"linux-kbuild-{series}", f"linux-source-{series}"
+    got = download({headers: ver, common: ver, kbuild: of_release(kbuild, ver), source: of_release(source, ver)}, debs)
     with tempfile.TemporaryDirectory(prefix="gpuprov-mtty-") as tmp:
         x, m_dir = Path(tmp, "x"), Path(tmp, "m")
         for deb in got[:3]:
