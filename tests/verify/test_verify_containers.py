@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpuprov.facts.containers import parse_cdi
-from gpuprov.facts.docker_api import DockerEngine, find_engine
+from gpuprov.facts.docker_api import MAX_SUN_PATH, DockerEngine, find_engine
 from gpuprov.verify.checks import Check
 from gpuprov.verify.container import CONTAINER_PATH, pick_image, run_gpu_container
 from tests.fakedocker import FakeDockerd
@@ -474,7 +474,7 @@ def test_an_engine_socket_deeper_than_sockaddr_un_allows_is_still_reached(tmp_pa
     deep.mkdir(parents=True)
     engine = FakeDockerd(deep / "docker.sock")
     try:
-        assert len(engine.socket_path) > 107 and (deep / "docker.sock").is_socket()
+        assert len(engine.socket_path) > MAX_SUN_PATH and (deep / "docker.sock").is_socket()
         assert DockerEngine(engine.socket_path, timeout=10).ping() is True
     finally:
         engine.close()
