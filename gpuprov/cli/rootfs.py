@@ -145,7 +145,7 @@ def _check_size(info: tarfile.TarInfo) -> None:
 def _check_text(what: str, text: str, member: str) -> None:
     if not text:
         raise CaptureRefused(f"holds {what} that is empty (member '{printable(member)}'): {_RECAPTURE}")
-    if any(not c.isprintable() for c in text):
+    if not text.isprintable():  # C's loop: this runs on every member name and link target
         raise CaptureRefused(
             f"holds {what} '{printable(text)}' with a control character or undecodable bytes "
             f"(gpuprov captures never do): {_RECAPTURE}"
@@ -175,7 +175,7 @@ def _member_path(info: tarfile.TarInfo) -> str | None:
         )
     if "" in parts or "." in parts:
         raise CaptureRefused(f"holds a member '{printable(name)}' with an empty or '.' component: {_RECAPTURE}")
-    if any(len(p.encode()) > MAX_NAME_BYTES for p in parts):
+    if len(name.encode()) > MAX_NAME_BYTES and any(len(p.encode()) > MAX_NAME_BYTES for p in parts):
         raise CaptureRefused(
             f"holds a member '{printable(name)}' with a name over {MAX_NAME_BYTES} bytes: {_RECAPTURE}"
         )
