@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -617,15 +618,18 @@ def test_verify_cli_subprocess_on_every_hostile_file_at_once(host) -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("GPUPROV_DEBUG", None)
-    start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
         [sys.executable, "-m", "gpuprov", "verify", "--json", "--root", str(root)],
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=WAIT_BOUND,
     )
-    assert time.perf_counter() - start < 60
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    # The parsers' work as timed() bounds it in process, plus a Python start and gpuprov's imports.
+    assert cpu < TIME_BOUND + 5, f"{cpu:.1f} s of CPU"
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr and "unexpected" not in proc.stderr
     status = {c["id"]: (c["status"], c["message"]) for c in json.loads(proc.stdout)["checks"]}
