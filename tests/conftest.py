@@ -7,8 +7,11 @@ import functools
 import hashlib
 import importlib.util
 import os
+import resource
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -156,6 +159,17 @@ def host_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]
 @pytest.fixture
 def fake(tmp_path: Path) -> FakeHost:
     return FakeHost(tmp_path / "root")
+
+
+def run_timed_by_cpu(argv: list[str], **kwargs: Any) -> tuple[subprocess.CompletedProcess, float]:
+    """``subprocess.run(argv, **kwargs)`` and the CPU seconds (user + system) the child used, its
+    waited-for descendants included. Tests bound a gpuprov run by these, not by wall time: in CI
+    pytest runs at nice 10 beside the lab lane, and a child can wait ten times its CPU time for a
+    processor (docs/development/timings.md, 2026-11-29). A ``timeout`` given is a hang guard only."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = subprocess.run(argv, **kwargs)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return result, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def tree_digest(root: Path) -> str:

@@ -14,7 +14,6 @@ import gzip
 import hashlib
 import io
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -28,14 +27,13 @@ import pytest
 
 from gpuprov.cli import rootfs
 from tests import captarball as ct
-from tests.conftest import HOSTS, tree_digest
+from tests.conftest import HOSTS, run_timed_by_cpu, tree_digest
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = HOSTS / "gpu-alone.tar.gz"
 SECRET = "gpuprov-test-secret-5b1f"  # in the environment of every run: /proc/self/environ must not show it
-# The time bound is the command's own CPU seconds (user + system), which a loaded machine does not
-# inflate: the worst case, the member-count bomb, takes about 10 s idle, and its wall time reached 120 s
-# in CI, beside the lab lane at nice 0 while pytest ran at nice 10 (scripts/test.sh). The wall-clock
+# The time bound is the command's own CPU seconds (run_timed_by_cpu): the worst case, the member-count
+# bomb, takes about 10 s idle, and 120 s of wall time were not enough for it in CI. The wall-clock
 # limit only turns a hang (a FIFO, a blocked read) into a failed test instead of a stuck suite.
 CPU_BOUND = 60
 HANG_GUARD = 900
@@ -84,8 +82,7 @@ def run(world: World, argv: list[str], *, python: str = sys.executable, user: li
         "COLUMNS": "200",
     }
     env.pop("GPUPROV_DEBUG", None)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = subprocess.run(
+    result, cpu = run_timed_by_cpu(
         [*(user or []), python, "-m", "gpuprov", *argv],
         capture_output=True,
         text=True,
@@ -95,8 +92,6 @@ def run(world: World, argv: list[str], *, python: str = sys.executable, user: li
         cwd=REPO,
         check=False,
     )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert cpu < CPU_BOUND, f"gpuprov {argv[0]} took {cpu:.0f} CPU seconds (the bound is {CPU_BOUND})"
     return result
 

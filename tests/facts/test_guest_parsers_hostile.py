@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +38,7 @@ from gpuprov.facts.packages import dpkg_installed
 from gpuprov.facts.sysfs import MAX_READ_BYTES, Sysfs
 from gpuprov.verify.checks_containers import check_cdi, check_containerd, check_docker
 from gpuprov.verify.gather import gather
+from tests.conftest import run_timed_by_cpu
 from tests.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -618,16 +617,13 @@ def test_verify_cli_subprocess_on_every_hostile_file_at_once(host) -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("GPUPROV_DEBUG", None)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(
+    proc, cpu = run_timed_by_cpu(
         [sys.executable, "-m", "gpuprov", "verify", "--json", "--root", str(root)],
         capture_output=True,
         text=True,
         env=env,
         timeout=WAIT_BOUND,
     )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     # The parsers' work as timed() bounds it in process, plus a Python start and gpuprov's imports.
     assert cpu < TIME_BOUND + 5, f"{cpu:.1f} s of CPU"
     assert proc.returncode == 1, proc.stderr

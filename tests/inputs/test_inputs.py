@@ -14,7 +14,6 @@ import os
 import random
 import resource
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from gpuprov.inputs.boundary import (
 )
 from gpuprov.inputs.validate import Problems, cpu_list, ssh_key
 from gpuprov.plan.vm.fit import plan_host
-from tests.conftest import tree_digest
+from tests.conftest import run_timed_by_cpu, tree_digest
 from tests.modrun import run_in_process
 from tests.vmhosts import nvidia_vgpu_host, ssh_public_key
 
@@ -290,8 +289,7 @@ def _limits() -> None:
 
 def run_plan(path: Path, root: Path, *extra: str) -> tuple[int, str, str, float]:
     """``gpuprov plan`` in a child with 1 GiB of address space: (rc, stdout, stderr, CPU seconds)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run(
+    out, cpu = run_timed_by_cpu(
         [sys.executable, "-m", "gpuprov", "plan", str(path), "--root", str(root), *extra],
         capture_output=True,
         text=True,
@@ -300,8 +298,6 @@ def run_plan(path: Path, root: Path, *extra: str) -> tuple[int, str, str, float]
         timeout=120,
         check=False,
     )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return out.returncode, out.stdout, out.stderr, cpu
 
 
