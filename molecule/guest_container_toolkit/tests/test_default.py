@@ -90,6 +90,7 @@ def test_apt_checks_the_repository_with_that_keyring(host, converge, tmp_path, d
     )
     release = base64.b64decode(host.check_output("base64 -w0 %s/Release", repo))
     update = f"apt-get update -o Dir::Etc::sourcelist={SOURCE} -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"
+    other = tmp_path / "other"
     try:
         run = converge({"guest_container_toolkit_repo_url": f"file:{MIRROR}"})
         assert run.failures == 0, run.output
@@ -98,13 +99,14 @@ def test_apt_checks_the_repository_with_that_keyring(host, converge, tmp_path, d
         assert good.rc == 0 and "W:" not in good.stderr, (good.stdout, good.stderr)
         assert f"file:{repo}" in host.check_output("apt-cache policy tini")
 
-        other = tmp_path / "other"
         other.mkdir(mode=0o700)
         gpg(other, "--passphrase", "", "--quick-gen-key", "someone else <else@gpuprov.invalid>", "ed25519", "sign")
         put(host, f"{repo}/InRelease", gpg(other, "--clearsign", stdin=release))
         bad = host.run(update)
         assert "NO_PUBKEY" in bad.stdout + bad.stderr, (bad.stdout, bad.stderr)
     finally:
+        # Signing started a gpg-agent for that home, which would outlive the run (seen: one left per CI run).
+        subprocess.run(["gpgconf", "--homedir", str(other), "--kill", "gpg-agent"], capture_output=True, check=False)
         host.run("rm -rf %s /var/lib/apt/lists/*srv_mirror*", MIRROR)
         restored = converge()
         assert restored.failures == 0, restored.output
