@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import base64
 import shutil
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,56 +15,25 @@ from gpuprov.plan.guest.keyring import KeyDataError, dearmor, fingerprints, norm
 from tests.conftest import tree_digest
 from tests.modules.test_modules import bare_python as bare_python  # a fixture: re-exported for pytest
 from tests.modules.test_modules import run_module
+from tests.plan.conftest import gpg
 
 DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 needs_gpg = pytest.mark.skipif(shutil.which("gpg") is None, reason="gpg is not installed")
 
 
-def gpg(home: Path, *args: str) -> bytes:
-    return subprocess.run(
-        ["gpg", "--batch", "--quiet", "--homedir", str(home), *args], capture_output=True, check=True
-    ).stdout
+def test_dearmor_gives_what_gpg_exports(gpg_key) -> None:
+    assert dearmor(gpg_key["armored"]) == gpg_key["binary"]
+    assert dearmor(gpg_key["binary"]) == gpg_key["binary"]  # binary stays as it is
+    assert fingerprints(gpg_key["binary"]) == [gpg_key["fpr"]]
 
 
-@pytest.fixture(scope="module")
-def test_key(tmp_path_factory) -> Iterator[dict]:
-    """A key made by gpg: armored, binary, and its fingerprint as gpg prints it. Making it starts a
-    gpg-agent for that home, which would outlive the run: stopped at the end."""
-    if shutil.which("gpg") is None:
-        pytest.skip("gpg is not installed")
-    home = tmp_path_factory.mktemp("gnupg")
-    home.chmod(0o700)
-    try:
-        gpg(
-            home,
-            "--passphrase",
-            "",
-            "--quick-gen-key",
-            "gpuprov test <test@gpuprov.invalid>",
-            "ed25519",
-            "sign",
-            "never",
-        )
-        colons = gpg(home, "--with-colons", "--fingerprint").decode()
-        fpr = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
-        yield {"home": home, "armored": gpg(home, "--armor", "--export"), "binary": gpg(home, "--export"), "fpr": fpr}
-    finally:
-        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
-
-
-def test_dearmor_gives_what_gpg_exports(test_key) -> None:
-    assert dearmor(test_key["armored"]) == test_key["binary"]
-    assert dearmor(test_key["binary"]) == test_key["binary"]  # binary stays as it is
-    assert fingerprints(test_key["binary"]) == [test_key["fpr"]]
-
-
-def test_armor_headers_are_skipped(test_key) -> None:
-    text = test_key["armored"].decode()
+def test_armor_headers_are_skipped(gpg_key) -> None:
+    text = gpg_key["armored"].decode()
     with_headers = text.replace(
         "-----BEGIN PGP PUBLIC KEY BLOCK-----\n",
         "-----BEGIN PGP PUBLIC KEY BLOCK-----\nComment: gpuprov test\nVersion: GnuPG v2\n",
     )
-    assert dearmor(with_headers.encode()) == test_key["binary"]
+    assert dearmor(with_headers.encode()) == gpg_key["binary"]
 
 
 @needs_gpg
@@ -96,17 +63,17 @@ def test_data_that_is_no_key_is_named(data: bytes, text: str) -> None:
         fingerprints(dearmor(data))
 
 
-def test_a_corrupted_armored_key_is_refused(test_key) -> None:
-    lines = test_key["armored"].decode().splitlines()
+def test_a_corrupted_armored_key_is_refused(gpg_key) -> None:
+    lines = gpg_key["armored"].decode().splitlines()
     body = next(i for i, line in enumerate(lines) if line.startswith("mDME"))
     lines[body] = lines[body][:10] + ("A" if lines[body][10] != "A" else "B") + lines[body][11:]
     with pytest.raises(KeyDataError, match="checksum does not match"):
         dearmor("\n".join(lines).encode())
 
 
-def test_a_truncated_binary_key_is_refused(test_key) -> None:
+def test_a_truncated_binary_key_is_refused(gpg_key) -> None:
     with pytest.raises(KeyDataError, match="runs past the end"):
-        fingerprints(test_key["binary"][:40])
+        fingerprints(gpg_key["binary"][:40])
 
 
 def test_fingerprints_are_compared_without_spaces_or_case() -> None:
@@ -115,27 +82,27 @@ def test_fingerprints_are_compared_without_spaces_or_case() -> None:
     )
 
 
-def test_the_module_from_a_url_check_apply_idempotent(bare_python, test_key, tmp_path) -> None:
+def test_the_module_from_a_url_check_apply_idempotent(bare_python, gpg_key, tmp_path) -> None:
     key = tmp_path / "gpgkey"
-    key.write_bytes(test_key["armored"])
+    key.write_bytes(gpg_key["armored"])
     dest = tmp_path / "keyrings" / "nvidia-container-toolkit.gpg"
-    args = {"url": f"file://{key}", "dest": str(dest), "fingerprint": test_key["fpr"].lower()}
+    args = {"url": f"file://{key}", "dest": str(dest), "fingerprint": gpg_key["fpr"].lower()}
     dry = run_module(bare_python, "apt_keyring", args, check=True)
     assert dry["changed"] is True and not dest.exists()
     first = run_module(bare_python, "apt_keyring", args)
-    assert first["changed"] is True and first["fingerprints"] == [test_key["fpr"]]
-    assert dest.read_bytes() == test_key["binary"] and dest.stat().st_mode & 0o777 == 0o644
+    assert first["changed"] is True and first["fingerprints"] == [gpg_key["fpr"]]
+    assert dest.read_bytes() == gpg_key["binary"] and dest.stat().st_mode & 0o777 == 0o644
     assert run_module(bare_python, "apt_keyring", args)["changed"] is False
 
 
-def test_the_module_from_data_and_a_wrong_fingerprint(bare_python, test_key, tmp_path) -> None:
+def test_the_module_from_data_and_a_wrong_fingerprint(bare_python, gpg_key, tmp_path) -> None:
     dest = tmp_path / "k.gpg"
-    data = base64.b64encode(test_key["binary"]).decode()
+    data = base64.b64encode(gpg_key["binary"]).decode()
     wrong = run_module(bare_python, "apt_keyring", {"data": data, "dest": str(dest), "fingerprint": "00" * 20})
     assert wrong["failed"] is True and not dest.exists()
-    assert f"has fingerprint {test_key['fpr']}, not the expected {'00' * 20}, nothing changed" in wrong["msg"]
+    assert f"has fingerprint {gpg_key['fpr']}, not the expected {'00' * 20}, nothing changed" in wrong["msg"]
     ok = run_module(bare_python, "apt_keyring", {"data": data, "dest": str(dest)})
-    assert ok["changed"] is True and dest.read_bytes() == test_key["binary"]
+    assert ok["changed"] is True and dest.read_bytes() == gpg_key["binary"]
 
 
 def test_the_module_refuses_a_page_that_is_no_key(bare_python, tmp_path) -> None:

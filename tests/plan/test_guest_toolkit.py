@@ -7,8 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +23,6 @@ from gpuprov.facts.guest_toolkit import (
     read_guest_toolkit,
 )
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.plan.guest.keyring import dearmor, fingerprints
 from gpuprov.plan.guest.toolkit import (
     GuestToolkitOptions,
     GuestToolkitPlan,
@@ -63,21 +60,9 @@ def cdi_spec(devices: list[str], version: str = DRIVER) -> str:
 
 
 @pytest.fixture(scope="module")
-def key(tmp_path_factory: pytest.TempPathFactory) -> KeyData:
-    """A repository key made by gpg (armored, as NVIDIA publishes it)."""
-    if shutil.which("gpg") is None:
-        pytest.skip("gpg is not installed")
-    home = tmp_path_factory.mktemp("gnupg")
-    home.chmod(0o700)
-    gpg = ["gpg", "--batch", "--quiet", "--homedir", str(home)]
-    subprocess.run(
-        [*gpg, "--passphrase", "", "--quick-gen-key", "gpuprov test <t@gpuprov.invalid>", "ed25519", "sign", "never"],
-        check=True,
-        capture_output=True,
-    )
-    armored = subprocess.run([*gpg, "--armor", "--export"], check=True, capture_output=True).stdout
-    binary = dearmor(armored)
-    return {"armored": armored, "binary": binary, "fpr": fingerprints(binary)[0]}
+def key(gpg_key: KeyData) -> KeyData:
+    """The repository key made by gpg (tests/plan/conftest.py)."""
+    return gpg_key
 
 
 def guest(
