@@ -122,6 +122,25 @@ molecule_test() {
   [[ $status == ok ]]
 }
 
+# with_status FILE CMD...: CMD, then its exit status written to FILE. For what runs in the background:
+# its status is read from FILE (status_of, below), never from `wait PID`. Bash forgets a reaped
+# child's status once a later child of the same shell is given its PID, and then `wait PID` fails
+# ("not a child of this shell", 127): pid_max is 32,768 on the CI machine and a run starts far
+# more processes than that (a local CI run, 2026-11-29: every scenario passed and the step failed).
+with_status() {
+  local file=$1 rc=0
+  shift
+  "$@" || rc=$?
+  echo $rc >"$file"
+  return $rc
+}
+# status_of FILE: the status with_status wrote there; 1 when it wrote none (stopped before its end).
+status_of() {
+  local rc
+  rc=$(cat "$1" 2>/dev/null) && [[ $rc =~ ^[0-9]+$ ]] && return "$rc"
+  return 1
+}
+
 # The Docker scenarios share nothing but the image and the built collection (built under a lock,
 # unchanged during a run) and name their containers apart, so two run at once once the lab lane has
 # ended: they are this lane's tail, and after the lab lane a core is otherwise idle (CI, stop 38:
@@ -129,8 +148,8 @@ molecule_test() {
 # scenario's containers (an autogroup each) would take the lab host's QEMU's share. Each writes its
 # own log, printed in scenario order when all are done. A subshell: its jobs are these only.
 run_molecule_docker() (
-  local scenario rc=0 pid slots
-  local -a order=() pids=()
+  local scenario rc=0 slots
+  local -a order=()
   for scenario in molecule/*/molecule.yml; do
     scenario=$(basename "$(dirname "$scenario")")
     [[ " ${LAB_SCENARIOS[*]} " == *" $scenario "* ]] || order+=("$scenario")
@@ -144,14 +163,13 @@ run_molecule_docker() (
       sleep 2
     done
     echo "=== test.sh: molecule test -s $scenario (its log is printed below once all are done)"
-    molecule_test "$scenario" "$logs/docker.rows" >"$logs/molecule-$scenario.log" 2>&1 &
-    pids+=($!)
+    with_status "$logs/molecule-$scenario.status" molecule_test "$scenario" "$logs/docker.rows" \
+      >"$logs/molecule-$scenario.log" 2>&1 &
   done
-  for pid in "${pids[@]}"; do
-    wait "$pid" || rc=1
-  done
+  wait
   for scenario in "${order[@]}"; do
     cat "$logs/molecule-$scenario.log"
+    status_of "$logs/molecule-$scenario.status" || rc=1
   done
   return $rc
 )
@@ -161,17 +179,19 @@ run_molecule_docker() (
 # while molecule/lab runs (its `up --loader systemd-boot` finds it cached, or waits for the
 # build: dev/lab's build lock). Its output is stamped as it comes (stamp, below).
 lab_lane() {
-  local rc=0 start=$SECONDS sdboot
+  local rc=0 start=$SECONDS
   # Each verifier test named as it ends (the stamps time it: the whole log) and the slowest
   # listed (the milestones).
   export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -v --durations=10"
   echo "=== test.sh (lab lane): python -m dev.lab image"
   python -m dev.lab image || rc=1
-  nice -n 10 python -m dev.lab image --loader systemd-boot >"$logs/lab-image-systemd-boot.log" 2>&1 &
-  sdboot=$!
+  with_status "$logs/lab-image-systemd-boot.status" nice -n 10 python -m dev.lab image --loader systemd-boot \
+    >"$logs/lab-image-systemd-boot.log" 2>&1 &
   molecule_test lab "$logs/lab.rows" || rc=1
   echo "=== test.sh (lab lane): python -m dev.lab image --loader systemd-boot (built beside molecule/lab)"
-  wait $sdboot || echo "test.sh (lab lane): that build failed; molecule/lab_boot builds it again" >&2
+  wait # that build, the one job of this shell
+  status_of "$logs/lab-image-systemd-boot.status" ||
+    echo "test.sh (lab lane): that build failed; molecule/lab_boot builds it again" >&2
   cat "$logs/lab-image-systemd-boot.log"
   molecule_test lab_boot "$logs/lab.rows" || rc=1
   echo $((SECONDS - start)) >"$logs/lab.seconds"
@@ -260,11 +280,14 @@ on_exit() {
 trap on_exit EXIT
 if [[ $molecule == yes ]]; then
   set -m
-  # A subshell, so that $! is the process group and wait gives lab_lane's status (not stamp's).
+  # A subshell, so that $! is the process group; it writes lab_lane's status (not stamp's) to
+  # lab.status (with_status: not wait's).
   (
     set +m
-    lab_lane </dev/null 2>&1 | stamp >"$logs/lab.log"
-    exit "${PIPESTATUS[0]}"
+    rc=0
+    lab_lane </dev/null 2>&1 | stamp >"$logs/lab.log" || rc=${PIPESTATUS[0]}
+    echo "$rc" >"$logs/lab.status"
+    exit "$rc"
   ) &
   lab_pid=$!
   set +m
@@ -347,8 +370,9 @@ if [[ $molecule == yes ]]; then
   step "molecule (Docker)" run_molecule_docker
   echo "=== test.sh: the lab lane's output ($logs/lab.log), to its end"
   tail -n +1 -f --pid="$lab_pid" "$logs/lab.log" || true
+  wait "$lab_pid" 2>/dev/null || true # reaped; its status is lab.status's
   lab_rc=0
-  wait "$lab_pid" || lab_rc=$?
+  status_of "$logs/lab.status" || lab_rc=$?
   lab_pid=
   results+=("$(printf '%-32s %-6s %4ss' "molecule (lab lane)" "$([[ $lab_rc -eq 0 ]] && echo ok || echo FAIL)" \
     "$(cat "$logs/lab.seconds" 2>/dev/null || echo '?')")")
