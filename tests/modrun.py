@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import gpuprov
+from gpuprov.apply import lock
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,7 +86,12 @@ def run_in_process(module: str, args: dict[str, Any], *, check: bool = False) ->
     spec.loader.exec_module(code)
     out = io.StringIO()
     params = {**args, "_ansible_check_mode": check, "_ansible_diff": True}
-    with _as_a_target(), patch_module_args(params), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+    with contextlib.ExitStack() as stack:
+        stack.callback(lock.release)  # a module's process ends and lets go of its locks; this one goes on
+        stack.enter_context(_as_a_target())
+        stack.enter_context(patch_module_args(params))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.suppress(SystemExit))
         code.main()
     result = json.loads(out.getvalue())
     result.setdefault("failed", False)

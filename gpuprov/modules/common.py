@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..apply import lock
 from ..apply.actions import ApplyError, apply
 from ..core.plan import Plan
 from ..facts.sysfs import Sysfs
@@ -41,6 +42,22 @@ def refuse_bad_root(module: Any, *, host: bool = True) -> None:
     problem = root_problem(module.params["root"], "root", captures=False, host=host)
     if problem:
         module.fail_json(msg=f"{problem}; nothing changed")
+
+
+def one_run_at_a_time(module: Any, concern: str) -> None:
+    """Hold the host's lock on ``concern`` until the module ends, before anything is read: a run
+    started while another still changes it (one whose play was killed goes on on the host) waits,
+    then reads what that one left (:mod:`gpuprov.apply.lock`). Fail the module, nothing read or
+    changed, when the other has not finished in time. Check mode changes nothing and takes no lock."""
+    if module.check_mode:
+        return
+    problem = lock.hold(lock.lock_path(module.params["root"], concern))
+    if problem:
+        module.fail_json(
+            msg=f"{problem}: another gpuprov run is changing this host's {concern} (a run whose play was "
+            "killed goes on on the host to the end of its step); nothing changed. Run again once it has "
+            "ended (lslocks names it)"
+        )
 
 
 def failed_result(result: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,10 @@ description:
   - What is owed comes from the host (the default's arguments, the initramfs's age against its inputs, the
     trial record in C(/var/lib/gpuprov/boot-trial.json) and the boot id), so a run killed anywhere is
     finished by the next one.
+  - One run at a time. The module holds an exclusive lock on C(/run/gpuprov/boot.lock) from before it reads
+    the host until it ends (a run whose play was killed goes on on the host). A second run waits up to 300 s,
+    then reads what the first left; past that it fails, naming the holder, with nothing changed. Check mode
+    takes no lock.
 version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
@@ -188,12 +192,17 @@ refusals:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import iommu_boot
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, finish_failed
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import (
+    finish,
+    finish_failed,
+    one_run_at_a_time,
+)
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=iommu_boot.ARGUMENT_SPEC, supports_check_mode=True, **iommu_boot.RULES)
     p = module.params
+    one_run_at_a_time(module, "boot")
     plan, extra = iommu_boot.plan(p)
     if plan.failure:
         finish_failed(module, plan, p["root"], plan.failure, **extra)

@@ -14,6 +14,9 @@ description:
     by argument, keeping every other argument, comment and line, then regenerates the menu with
     C(update-grub) or C(grub2-mkconfig). grubby (RHEL family) is given C(--args)/C(--remove-args).
   - Reports RV(reboot_required) by comparing the wanted arguments with C(/proc/cmdline).
+  - One run at a time, with M(gpuprov.kvm.iommu_boot) too. The module holds C(/run/gpuprov/boot.lock) while
+    it reads and changes the boot (up to 300 s of waiting for another run, then it fails with nothing
+    changed).
 version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
@@ -131,12 +134,17 @@ refusals:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import kernel_cmdline
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import (
+    finish,
+    one_run_at_a_time,
+    refuse_bad_root,
+)
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=kernel_cmdline.ARGUMENT_SPEC, supports_check_mode=True)
     refuse_bad_root(module, host=False)
+    one_run_at_a_time(module, "boot")
     plan, extra = kernel_cmdline.plan(module.params)
     finish(module, plan, module.params["root"], **extra)
 

@@ -1,0 +1,102 @@
+"""One gpuprov run at a time on a host's boot (gpuprov.apply.lock, docs/reference/boot-trial.md): a
+run started while another still changes the boot (its play killed on the controller, its module going
+on on the host: the lab, 2026-11-29) waits for it and then reads what it left; one that waits too
+long fails, names the holder and changes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuprov.apply import lock
+from tests.conftest import tree_digest
+from tests.modrun import run_in_process
+from tests.plan.test_boot_trial import debian
+
+# Another process takes the lock, says so, and keeps it for argv[2] seconds (or until killed).
+HOLDER = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(sys.argv[1]) else os.O_CREAT))\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+)
+
+
+@pytest.fixture
+def other_run() -> Iterator:
+    """Start a process that holds a lock: ``other_run(path, seconds)``; each is killed at the end."""
+    procs: list[subprocess.Popen] = []
+
+    def start(path: Path, seconds: float = 600) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(path), str(seconds)], stdout=subprocess.PIPE, text=True
+        )
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+    lock.release()
+
+
+def test_the_live_root_locks_a_file_of_its_own_and_a_staged_root_locks_its_folder(tmp_path: Path) -> None:
+    assert lock.lock_path("/", "boot") == "/run/gpuprov/boot.lock"
+    assert lock.lock_path(str(tmp_path), "boot") == str(tmp_path)  # nothing written into the tree
+
+
+def test_a_second_run_waits_for_the_first_then_goes_on(tmp_path: Path, other_run) -> None:
+    path = tmp_path / "run" / "boot.lock"
+    path.parent.mkdir()
+    other_run(path, 1.0)
+    started = time.monotonic()
+    assert lock.hold(str(path), 30) is None
+    assert time.monotonic() - started >= 0.5  # it waited for the holder's end
+    lock.release()
+
+
+def test_a_run_that_waits_too_long_names_the_holder(tmp_path: Path, other_run) -> None:
+    path = tmp_path / "boot.lock"
+    proc = other_run(path)
+    problem = lock.hold(str(path), 0.5)
+    assert problem is not None
+    assert f"another run holds {path} (pid {proc.pid}, python" in problem and "after 0 s of waiting" in problem
+
+
+def test_a_lock_file_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    (tmp_path / "boot.lock").symlink_to(target)
+    problem = lock.hold(str(tmp_path / "boot.lock"), 0)
+    assert problem is not None and "cannot open the lock" in problem and not target.exists()
+
+
+@pytest.mark.parametrize("module", ["iommu_boot", "kernel_cmdline"])
+def test_a_module_that_cannot_take_the_boot_lock_changes_nothing(
+    tmp_path: Path, other_run, monkeypatch, module: str
+) -> None:
+    debian(tmp_path)
+    args = {"root": str(tmp_path), "reboot_allowed": True} if module == "iommu_boot" else {"root": str(tmp_path)}
+    if module == "kernel_cmdline":
+        args["arguments"] = ["intel_iommu=on"]
+    proc = other_run(tmp_path)
+    monkeypatch.setattr(lock, "WAIT_SECONDS", 0.5)
+    before = tree_digest(tmp_path)
+    result = run_in_process(module, args)
+    assert result["failed"] and "nothing changed" in result["msg"] and f"pid {proc.pid}" in result["msg"]
+    assert "this host's boot" in result["msg"] and "lslocks" in result["msg"]
+    assert tree_digest(tmp_path) == before
+    # Check mode changes nothing and waits for no one.
+    dry = run_in_process(module, args, check=True)
+    assert not dry["failed"] and dry["changed"]
+    proc.kill()
+    proc.wait()
+    result = run_in_process(module, args)  # the holder gone, the run goes on
+    assert not result["failed"] and result["changed"]
