@@ -25,6 +25,9 @@ description:
     CUDA repository - with the running kernel's headers (DKMS), nouveau blacklisted (and the initramfs rebuilt
     when that file changes), then C(modprobe nvidia).
   - Package managers run as commands; check mode needs no python3-apt.
+  - One run at a time, with M(gpuprov.kvm.guest_toolkit) (both run the package manager). The module holds
+    C(/run/gpuprov/packages.lock) while it reads and changes the guest, waiting up to 300 s for another run (one
+    whose play was killed goes on on the guest); past that it fails, naming the holder, with nothing changed.
 version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
@@ -172,12 +175,17 @@ driver:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import guest_driver
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, refuse_bad_root
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import (
+    finish,
+    one_run_at_a_time,
+    refuse_bad_root,
+)
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=guest_driver.ARGUMENT_SPEC, supports_check_mode=True)
     refuse_bad_root(module)
+    one_run_at_a_time(module, "packages")
     plan, extra = guest_driver.plan(module)
     finish(module, plan, module.params["root"], **extra)
 

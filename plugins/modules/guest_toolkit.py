@@ -32,6 +32,9 @@ description:
     lacks (all of them named together),
     Docker from nowhere, a key that does not fetch or has another fingerprint, C(nvidia-ctk) missing, a CDI spec
     owed while the driver is not loaded.
+  - One run at a time, with M(gpuprov.kvm.guest_driver) (both run the package manager). The module holds
+    C(/run/gpuprov/packages.lock) while it reads and changes the guest, waiting up to 300 s for another run (one
+    whose play was killed goes on on the guest); past that it fails, naming the holder, with nothing changed.
 version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
@@ -253,12 +256,17 @@ engines:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import guest_toolkit
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import refuse_bad_root, url_fetcher
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import (
+    one_run_at_a_time,
+    refuse_bad_root,
+    url_fetcher,
+)
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=guest_toolkit.ARGUMENT_SPEC, supports_check_mode=True)
     refuse_bad_root(module)
+    one_run_at_a_time(module, "packages")
     guest = guest_toolkit.options(module, url_fetcher(module, fetch_url))
     facts, plan = guest.plan()
     guest_toolkit.finish(module, guest, facts, plan)

@@ -21,6 +21,9 @@ description:
     bound, when the IOMMU is off, or when an address is malformed or absent.
   - Runtime sysfs writes and commands run only when O(root) is C(/); against another root the files are
     written below it and the rest is reported in RV(not_run).
+  - One run at a time, with M(gpuprov.kvm.iommu_boot) (both rebuild the initramfs). The module holds
+    C(/run/gpuprov/boot.lock) while it reads and changes the host, waiting up to 300 s for another run; past that it
+    fails, naming the holder, with nothing changed. Check mode takes no lock.
 version_added: "0.1.0"
 author: gpuprov contributors (@gpuprov)
 options:
@@ -145,13 +148,14 @@ refusals:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules import vfio_bind
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.common import finish, one_run_at_a_time
 from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.modules.gpu_host_model import resolve_or_refuse
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=vfio_bind.ARGUMENT_SPEC, supports_check_mode=True, **vfio_bind.RULES)
     p = module.params
+    one_run_at_a_time(module, "boot")
     plan, model = vfio_bind.plan(p, lambda doc, facts: resolve_or_refuse(module, doc, facts))
     extra = {} if model is None else {"ansible_facts": {"gpuprov_model": model.derived()}}
     finish(module, plan, p["root"], devices=plan.bind_set, previous_drivers=plan.previous_drivers, **extra)

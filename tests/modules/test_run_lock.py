@@ -1,22 +1,27 @@
-"""One gpuprov run at a time on a host's boot (gpuprov.apply.lock, docs/reference/boot-trial.md): a
-run started while another still changes the boot (its play killed on the controller, its module going
-on on the host: the lab, 2026-11-29) waits for it and then reads what it left; one that waits too
-long fails, names the holder and changes nothing."""
+"""One gpuprov run at a time on a host's boot or a guest's packages (gpuprov.apply.lock,
+docs/reference/boot-trial.md): a run started while another still changes them (its play killed on the
+controller, its module going on on the host: the lab, 2026-11-29) waits for it and then reads what it
+left; one that waits too long fails, names the holder and changes nothing."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuprov.apply import lock
 from tests.conftest import tree_digest
 from tests.modrun import run_in_process
+from tests.plan.conftest import gpg_key  # noqa: F401 (the fixture, for guest_toolkit's key)
 from tests.plan.test_boot_trial import debian
+from tests.plan.test_guest_toolkit import guest as toolkit_guest
+from tests.plan.test_guest_toolkit import module_args as toolkit_args
 
 # Another process takes the lock, says so, and keeps it for argv[2] seconds (or until killed).
 HOLDER = (
@@ -78,25 +83,58 @@ def test_a_lock_file_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
     assert problem is not None and "cannot open the lock" in problem and not target.exists()
 
 
-@pytest.mark.parametrize("module", ["iommu_boot", "kernel_cmdline"])
-def test_a_module_that_cannot_take_the_boot_lock_changes_nothing(
-    tmp_path: Path, other_run, monkeypatch, module: str
+def boot_host(root: Path, _: pytest.FixtureRequest) -> dict[str, Any]:
+    debian(root)
+    return {"root": str(root), "reboot_allowed": True}
+
+
+def cmdline_host(root: Path, request: pytest.FixtureRequest) -> dict[str, Any]:
+    debian(root)
+    return {"root": str(root), "arguments": ["intel_iommu=on"]}
+
+
+def vfio_host(root: Path, request: pytest.FixtureRequest) -> dict[str, Any]:
+    shutil.copytree(request.getfixturevalue("host_root")("gpu-audio"), root, symlinks=True, dirs_exist_ok=True)
+    return {"devices": ["0000:01:00.0"], "root": str(root)}
+
+
+def driver_guest(root: Path, _: pytest.FixtureRequest) -> dict[str, Any]:
+    toolkit_guest(root, driver=False)
+    return {"root": str(root)}
+
+
+def toolkit_guest_args(root: Path, request: pytest.FixtureRequest) -> dict[str, Any]:
+    toolkit_guest(root)
+    return toolkit_args(root, request.getfixturevalue("gpg_key"))
+
+
+# Each module that takes a lock: its lock's concern, and a root it changes with the arguments to.
+MODULES = {
+    "iommu_boot": ("boot", boot_host),
+    "kernel_cmdline": ("boot", cmdline_host),
+    "vfio_bind": ("boot", vfio_host),
+    "guest_driver": ("packages", driver_guest),
+    "guest_toolkit": ("packages", toolkit_guest_args),
+}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_module_that_cannot_take_its_lock_changes_nothing(
+    tmp_path: Path, other_run, monkeypatch, request: pytest.FixtureRequest, module: str
 ) -> None:
-    debian(tmp_path)
-    args = {"root": str(tmp_path), "reboot_allowed": True} if module == "iommu_boot" else {"root": str(tmp_path)}
-    if module == "kernel_cmdline":
-        args["arguments"] = ["intel_iommu=on"]
+    concern, setup = MODULES[module]
+    args = setup(tmp_path, request)
     proc = other_run(tmp_path)
     monkeypatch.setattr(lock, "WAIT_SECONDS", 0.5)
     before = tree_digest(tmp_path)
     result = run_in_process(module, args)
     assert result["failed"] and "nothing changed" in result["msg"] and f"pid {proc.pid}" in result["msg"]
-    assert "this host's boot" in result["msg"] and "lslocks" in result["msg"]
+    assert f"this host's {concern}" in result["msg"] and "lslocks" in result["msg"]
     assert tree_digest(tmp_path) == before
     # Check mode changes nothing and waits for no one.
     dry = run_in_process(module, args, check=True)
-    assert not dry["failed"] and dry["changed"]
+    assert not dry["failed"] and dry["changed"], dry.get("msg")
     proc.kill()
     proc.wait()
     result = run_in_process(module, args)  # the holder gone, the run goes on
-    assert not result["failed"] and result["changed"]
+    assert not result["failed"] and result["changed"], result.get("msg")
