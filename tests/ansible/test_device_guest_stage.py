@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 RUNS = Path(__file__).parents[1] / "fixtures/outputs/device-guest-stage"
-MACHINES = {"1x H100": RUNS, "2x H200": RUNS / "h200x2"}
+MACHINES = {"1x H100": RUNS, "2x H200": RUNS / "h200x2", "1x H200, run lock": RUNS / "h200x1-run-lock"}
 RECAP = re.compile(r"^localhost\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
@@ -44,6 +44,18 @@ def test_the_two_gpu_guest_reports_its_nvlink_pair() -> None:
     log = (RUNS / "h200x2/driver-verify.log").read_text()
     assert "ok p2p-access GPU 0 <-> GPU 1: peer read and write over NVLink" in log
     assert "ok bar1 GPU 1: BAR1 mapped in full (NVML 256 GiB, PCI BAR 256 GiB)" in log
+
+
+def test_a_run_waits_while_another_holds_the_guests_packages_lock() -> None:
+    """On the real guest, guest_driver started while flock(1) held /run/gpuprov/packages.lock 11 s
+    more (gpuprov.apply.lock): it waited for it, then ran and left the working driver alone."""
+    machine = RUNS / "h200x1-run-lock"
+    stage = (machine / "stage.txt").read_text()
+    found = re.search(r"holds /run/gpuprov/packages.lock 11 s more: rc=(\d+) ([0-9.]+) s", stage)
+    assert found and found[1] == "0" and float(found[2]) >= 10, stage[-500:]
+    assert "-rw------- 1 root root    0" in stage and "packages.lock" in stage  # made 0600, empty
+    waited = (machine / "waited.log").read_text()
+    assert waited.startswith("localhost | SUCCESS") and '"verdict": "working"' in waited
 
 
 # ---------------------------------------------------------------- issue 25: a container reaches the GPU
