@@ -28,18 +28,24 @@ _MAX_PROC_LOCKS = 1 << 20  # bytes of /proc/locks read when naming a holder
 _held: list[int] = []  # descriptors of the locks taken: open until the process ends
 
 
-def lock_path(root: str, concern: str) -> str:
-    """The file locked for ``concern`` on ``root``: a file in :data:`LOCK_DIR` for the live root; the
-    root folder itself for any other root (nothing is written into a staged or scratch tree)."""
-    return os.path.join(LOCK_DIR, f"{concern}.lock") if root == "/" else root
+def hold_for(root: str, concern: str, seconds: float | None = None) -> str | None:
+    """Hold ``concern``'s lock on ``root`` (:func:`hold`): a file in :data:`LOCK_DIR` for the live
+    root; the root folder itself for any other root, so nothing is written into a staged or scratch
+    tree. A root that is no folder takes no lock and gets none made: the module's own check of its
+    root says what is wrong with it."""
+    if root == "/":
+        return hold(os.path.join(LOCK_DIR, f"{concern}.lock"), seconds)
+    if not os.path.isdir(root):
+        return None
+    return hold(root, seconds, folder=True)
 
 
-def hold(path: str, seconds: float | None = None) -> str | None:
-    """Take an exclusive lock on ``path`` (a folder, or a file made 0600 when missing), waiting at most
-    ``seconds`` (:data:`WAIT_SECONDS`), and keep it until this process ends. None once it is held,
-    else why not (the holder named when the kernel says who it is)."""
+def hold(path: str, seconds: float | None = None, *, folder: bool = False) -> str | None:
+    """Take an exclusive lock on ``path`` (a ``folder``, or a file made 0600 when missing, never
+    through a link), waiting at most ``seconds`` (:data:`WAIT_SECONDS`), and keep it until this
+    process ends. None once it is held, else why not (the holder named when the kernel says who)."""
     try:
-        if os.path.isdir(path):
+        if folder:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         else:
             os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)

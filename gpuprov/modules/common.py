@@ -51,7 +51,7 @@ def one_run_at_a_time(module: Any, concern: str) -> None:
     changed, when the other has not finished in time. Check mode changes nothing and takes no lock."""
     if module.check_mode:
         return
-    problem = lock.hold(lock.lock_path(module.params["root"], concern))
+    problem = lock.hold_for(module.params["root"], concern)
     if problem:
         module.fail_json(
             msg=f"{problem}: another gpuprov run is changing this host's {concern} (a run whose play was "

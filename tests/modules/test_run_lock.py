@@ -53,9 +53,16 @@ def other_run() -> Iterator:
     lock.release()
 
 
-def test_the_live_root_locks_a_file_of_its_own_and_a_staged_root_locks_its_folder(tmp_path: Path) -> None:
-    assert lock.lock_path("/", "boot") == "/run/gpuprov/boot.lock"
-    assert lock.lock_path(str(tmp_path), "boot") == str(tmp_path)  # nothing written into the tree
+def test_a_staged_root_locks_its_own_folder_and_a_missing_one_gets_nothing_made(tmp_path: Path, other_run) -> None:
+    before = tree_digest(tmp_path)
+    assert lock.hold_for(str(tmp_path), "boot") is None  # held: the folder itself, nothing written
+    assert tree_digest(tmp_path) == before
+    lock.release()
+    proc = other_run(tmp_path)
+    problem = lock.hold_for(str(tmp_path), "boot", 0.2)
+    assert problem and f"another run holds {tmp_path} (pid {proc.pid}" in problem
+    missing = tmp_path / "not-there"
+    assert lock.hold_for(str(missing), "boot", 0.2) is None and not missing.exists()
 
 
 def test_a_second_run_waits_for_the_first_then_goes_on(tmp_path: Path, other_run) -> None:
@@ -81,6 +88,12 @@ def test_a_lock_file_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
     (tmp_path / "boot.lock").symlink_to(target)
     problem = lock.hold(str(tmp_path / "boot.lock"), 0)
     assert problem is not None and "cannot open the lock" in problem and not target.exists()
+
+
+def test_a_module_given_a_root_that_is_not_there_makes_nothing_there(tmp_path: Path) -> None:
+    missing = tmp_path / "srv" / "not-there"
+    result = run_in_process("iommu_boot", {"root": str(missing), "reboot_allowed": True})
+    assert not missing.exists() and not (tmp_path / "srv").exists(), result
 
 
 def boot_host(root: Path, _: pytest.FixtureRequest) -> dict[str, Any]:
