@@ -16,6 +16,8 @@ import fcntl
 import os
 import time
 
+from ..facts.sysfs import Sysfs
+
 # Where the live host's locks are: /run is the root's own (a lock file in a world-writable folder
 # such as /run/lock could be made by anyone beforehand) and is emptied at boot.
 LOCK_DIR = "/run/gpuprov"
@@ -32,8 +34,9 @@ def hold_for(root: str, concern: str, seconds: float | None = None) -> str | Non
     """Hold ``concern``'s lock on ``root`` (:func:`hold`): a file in :data:`LOCK_DIR` for the live
     root; the root folder itself for any other root, so nothing is written into a staged or scratch
     tree. A root that is no folder takes no lock and gets none made: the module's own check of its
-    root says what is wrong with it."""
-    if root == "/":
+    root says what is wrong with it. Live or not is Sysfs's rule, the one the module's reads and
+    writes follow ("/." is the live root too, and takes the live root's lock)."""
+    if Sysfs(root).live:
         return hold(os.path.join(LOCK_DIR, f"{concern}.lock"), seconds)
     if not os.path.isdir(root):
         return None

@@ -65,6 +65,15 @@ def test_a_staged_root_locks_its_own_folder_and_a_missing_one_gets_nothing_made(
     assert lock.hold_for(str(missing), "boot", 0.2) is None and not missing.exists()
 
 
+def test_the_live_root_by_another_spelling_takes_the_live_roots_lock(monkeypatch, tmp_path: Path, other_run) -> None:
+    """Sysfs reads "/." as the live root, so the module would change the live host: same lock."""
+    monkeypatch.setattr(lock, "LOCK_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    proc = other_run(tmp_path / "run" / "boot.lock")
+    problem = lock.hold_for("/.", "boot", 0.2)
+    assert problem and f"another run holds {tmp_path}/run/boot.lock (pid {proc.pid}" in problem
+
+
 def test_a_second_run_waits_for_the_first_then_goes_on(tmp_path: Path, other_run) -> None:
     path = tmp_path / "run" / "boot.lock"
     path.parent.mkdir()
