@@ -725,13 +725,16 @@ class FakeGuest:
 
 
 @pytest.fixture
-def live(monkeypatch: pytest.MonkeyPatch) -> Callable[[FakeGuest], None]:
-    """The staged root taken as the running guest, its commands simulated (the module is loaded per run)."""
-    from gpuprov.apply import actions
+def live(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Callable[[FakeGuest], None]:
+    """The staged root taken as the running guest, its commands simulated (the module is loaded per run).
+    Its run lock goes into a folder of the test's own, outside the root: the live root's /run is the
+    machine's (read-only in scripts/py39.sh's chroot), never the test's to write."""
+    from gpuprov.apply import actions, lock
     from gpuprov.facts import sysfs as sysfs_module
 
     def use(fake: FakeGuest) -> None:
         monkeypatch.setattr(sysfs_module.Sysfs, "live", property(lambda self: True))
+        monkeypatch.setattr(lock, "LOCK_DIR", str(tmp_path_factory.mktemp("run-gpuprov")))
         monkeypatch.setattr(actions, "apply", fake)
 
     return use
