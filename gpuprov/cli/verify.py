@@ -121,7 +121,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ..verify.options import nvml_for, option_error
     from .common import UsageError, host_root
 
-    live = args.root == "/"
+    live = Sysfs(args.root).live  # its rule: "/." is the live root too
     error = option_error(live, bench=args.bench, image=args.image, gpu_source=args.gpu_source)
     if error:
         raise UsageError(error)
