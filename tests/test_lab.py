@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import os
 import re
 import shlex
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dev.lab import common, debpkg, image
+from dev.lab import boot, common, debpkg, image
 from gpuprov.facts.host import gather
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.inputs.vm_list import parse_vm
@@ -366,3 +367,21 @@ def test_inventory_overrides_are_json_for_ansible_playbook(monkeypatch, tmp_path
     assert extra["ansible_ssh_private_key_file"] == f"{tmp_path}/elsewhere/id_ed25519"
     option = shlex.split(common.overrides_option(extra))
     assert option[0] == "-e" and json.loads(option[1]) == extra
+
+
+def test_down_adds_up_every_qemu_since_up(tmp_path: Path) -> None:
+    """`down` reports the CPU of the lab host's QEMUs since `up` (each reset starts a new one): those
+    the watchdog noted as they ended and the one still running; a line it cannot read is left out."""
+    (tmp_path / "run").mkdir()
+    boot.note_qemu_cpu(tmp_path, (100.4, 80.6))
+    boot.note_qemu_cpu(tmp_path, None)  # unreadable at its end: nothing noted
+    with (tmp_path / "run" / boot.QEMU_CPU).open("a") as log:
+        log.write("garbage\n")
+    boot.note_qemu_cpu(tmp_path, (50.0, 20.0))
+    running = boot.qemu_cpu(os.getpid())
+    assert running is not None and running[0] > 0 and running[1] > 0
+    summary = boot.qemu_cpu_summary(tmp_path, os.getpid())
+    ran, cpu = re.fullmatch(r"; 3 QEMU run\(s\) since up: (\d+) s, (\d+) CPU-s", summary).groups()
+    assert int(ran) >= 150 and int(cpu) >= 101
+    assert boot.qemu_cpu(2**22 + 1) is None  # above any pid_max: no such process
+    assert boot.qemu_cpu_summary(tmp_path / "nowhere", 2**22 + 1) == ""

@@ -282,6 +282,7 @@ def up(
     argv = qemu_argv(lab, image, port, loader, one_node)
     (run / "qemu.argv").write_text(json.dumps(argv) + "\n")
     (run / "console.log").write_bytes(b"")
+    (run / QEMU_CPU).write_bytes(b"")
     with suppress(FileNotFoundError):
         (run / POWERED_OFF).unlink()
     start_qemu(lab)
@@ -509,9 +510,13 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
             f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
 
     reset: str | None = None  # QEMU is ending for a reset of the machine (RESET_REASONS)
+    sample = qemu_cpu(pid)
     while True:
         if wait_gone(pid, 0 if events else 2):
-            if reset is None or (run_dir(lab) / POWERED_OFF).exists():
+            if (run_dir(lab) / POWERED_OFF).exists():
+                return  # `down` counted this QEMU
+            note_qemu_cpu(lab, sample)
+            if reset is None:
                 return
             # The reset as a cold start: a new QEMU on the same disks and firmware variables.
             new = start_again(lab)
@@ -522,7 +527,9 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
                 events.close()
             pid, events, pending, reset = new, qmp_events_connect(lab), b"", None
             reset_at = started = time.monotonic()
+            sample = qemu_cpu(pid)
             continue
+        sample = qemu_cpu(pid) or sample  # its last figure before it ends (the loop's 2 s apart)
         if events:
             with suppress(OSError):
                 select.select([events], [], [], 2)
@@ -553,6 +560,7 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
                 f"{POWER_CYCLE} no firmware output {FIRMWARE_LIMIT} s after a reset: power cycle (QEMU restarted;"
                 f" its state before: run/{dump})"
             )
+            note_qemu_cpu(lab, qemu_cpu(pid) or sample)
             new = power_cycle(lab, pid)
             if new is None:
                 note(f"{POWER_CYCLE} QEMU did not start again: giving up")
@@ -561,6 +569,7 @@ def watchdog(lab: Path, pid: int, limit: float = WATCHDOG_LIMIT) -> None:
                 events.close()
             pid, events, pending = new, qmp_events_connect(lab), b""
             reset_at, started = None, time.monotonic()
+            sample = qemu_cpu(pid)
             continue
         last_start = max(text.rfind(m) for m in BOOT_STARTS)
         last_done = text.rfind(BOOT_DONE)
@@ -612,11 +621,52 @@ def wait_gone(pid: int, timeout: float) -> bool:
         time.sleep(0.5)
 
 
+# Each QEMU's run and CPU as it ended ("<seconds> <CPU-seconds>" a line; the watchdog writes it, `up`
+# empties it): every reset ends QEMU (qemu_argv's reboot=shutdown), and the lab host's QEMUs are in no
+# step's CPU figure of scripts/test.sh (a daemon, its own session), so `down` adds them up: where a CI
+# run's CPU went.
+QEMU_CPU = "qemu-cpu.log"
+
+
+def qemu_cpu(pid: int) -> tuple[float, float] | None:
+    """How long QEMU ``pid`` has run and the CPU it used (user + system), in seconds, from
+    /proc/PID/stat (fields 22, 14 and 15); None when unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        tick = os.sysconf("SC_CLK_TCK")
+        return uptime - int(fields[19]) / tick, (int(fields[11]) + int(fields[12])) / tick
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def note_qemu_cpu(lab: Path, sample: tuple[float, float] | None) -> None:
+    if sample is not None:
+        with open(run_dir(lab) / QEMU_CPU, "a") as f:
+            f.write(f"{sample[0]:.0f} {sample[1]:.0f}\n")
+
+
+def qemu_cpu_summary(lab: Path, pid: int) -> str:
+    """The QEMUs since `up`: those ended (QEMU_CPU) and ``pid``, still running."""
+    samples = [qemu_cpu(pid)]
+    with suppress(OSError):
+        for line in (run_dir(lab) / QEMU_CPU).read_text().splitlines():
+            with suppress(ValueError):
+                ran, cpu = map(float, line.split())
+                samples.append((ran, cpu))
+    known = [s for s in samples if s is not None]
+    if not known:
+        return ""
+    ran, cpu = sum(s[0] for s in known), sum(s[1] for s in known)
+    return f"; {len(known)} QEMU run(s) since up: {ran:.0f} s, {cpu:.0f} CPU-s"
+
+
 def down(lab: Path, force: bool, timeout: float) -> int:
     pid = qemu_pid(lab)
     if pid is None:
         say("not running")
         return 0
+    used = qemu_cpu_summary(lab, pid)
     port = read_state(lab).get("port", default_port())
     t0 = time.monotonic()
     (run_dir(lab) / POWERED_OFF).write_text(f"{time.time()}\n")  # the watchdog restarts no QEMU now
@@ -631,5 +681,5 @@ def down(lab: Path, force: bool, timeout: float) -> int:
         if not wait_gone(pid, 10):
             os.kill(pid, signal.SIGKILL)
             wait_gone(pid, 10)
-    say(f"down ({time.monotonic() - t0:.0f} s)")
+    say(f"down ({time.monotonic() - t0:.0f} s{used})")
     return 0
