@@ -38,23 +38,25 @@ pytest_plugins = ["tests.skip_policy"]
 
 # scripts/test.sh runs the unit tests a second time under Debian 12's own /usr/bin/python3 (the
 # README's platform; CI's python3 is pyenv's 3.11.7, Debian's is 3.11.2), all but the `slow` ones
-# and these files (marked `interpreter_independent`). What differs between the two builds of
-# CPython 3.11 is the standard library's patch level (tarfile's extraction filters came in
-# 3.11.4, with fixes to tarfile, zipfile, ipaddress and urllib after it), the C libraries each
-# links (expat for XML, libffi for ctypes, zlib/xz), the bytecode and import machinery, and what
-# runs on a target: Ansible's module runtime on Debian's python3 with its dist-packages. So the
-# second pass keeps the readers (facts: openat2 through ctypes, tar and .deb members, XML), the
-# input boundary (inputs), the CLI on capture tarballs (cli), verify's parsers and the domain XML
-# (ElementTree over expat), the modules run for real on a bare Python made from this one and
-# ansible-core on it (modules, ansible), every in-process module test (tests/modrun.py) wherever
-# it lives, the bytecode cache and the lab's own code. It drops what is a pure function of its
-# inputs, which no interpreter of the same version answers differently: the planners' and
-# verdicts' rules over parsed facts, the kernel arguments as shells source them, text parsers of
-# pci.ids and MIG profiles, the bench's arithmetic, and the house's checks of docs, layers and the
-# wheel. A file listed here that is not there stops the run: keep the list with the files. Single
-# tests carry the mark themselves where the rest of their file runs here: a hostile capture through
-# plan and verify (the unpacking is inspect's too), the oldest ansible-core (its cached venv's Python
-# is whichever made it first, not this one), openat2's fallback (test_sysfs_openat2.py says why).
+# and these files (marked `interpreter_independent`). What differs between the two builds of CPython
+# 3.11 is the standard library's patch level (tarfile's extraction filters came in 3.11.4, with
+# fixes to tarfile, zipfile, ipaddress and urllib after it), the C libraries each links (expat for
+# XML, libffi for ctypes, zlib/xz), the bytecode and import machinery, and what runs on a target:
+# Ansible's module runtime on Debian's python3 with its dist-packages. So the second pass keeps the
+# readers (facts: openat2 through ctypes, tar and .deb members, XML), the CLI on capture tarballs
+# (cli), verify's parsers and the domain XML (ElementTree over expat), the modules run for real on a
+# bare Python made from this one and ansible-core on it (modules, ansible), every in-process module
+# test (tests/modrun.py) wherever it lives, the bytecode cache and the lab's own code. It drops what
+# is a pure function of its inputs, which no interpreter of the same version answers differently:
+# the planners' and verdicts' rules over parsed facts, the input boundary's parsing of raw values
+# into typed ones (gpuprov/inputs: re, uuid, base64 and dataclasses over JSON-shaped values, no file
+# format, C library or network code; 59 s of the pass's 518 s of tests, 2026-11-29), the kernel
+# arguments as shells source them, text parsers of pci.ids and MIG profiles, the bench's arithmetic,
+# and the house's checks of docs, layers and the wheel. A file listed here that is not there stops
+# the run: keep the list with the files. Single tests carry the mark themselves where the rest of
+# their file runs here: a hostile capture through plan and verify (the unpacking is inspect's too),
+# the oldest ansible-core (its cached venv's Python is whichever made it first, not this one),
+# openat2's fallback (test_sysfs_openat2.py says why).
 INTERPRETER_INDEPENDENT = frozenset(
     {
         "facts/test_pci_names.py",
@@ -66,6 +68,10 @@ INTERPRETER_INDEPENDENT = frozenset(
         "house/test_skip_policy.py",
         "house/test_wheel.py",
         "inputs/test_console_checks.py",
+        "inputs/test_declaration_spec.py",
+        "inputs/test_inputs.py",
+        "inputs/test_inputs_properties.py",
+        "inputs/test_intent_hostile.py",
         "model/test_model_formats.py",
         "plan/test_cmdline.py",
         "plan/test_guest_toolkit_hostile.py",
