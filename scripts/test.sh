@@ -209,10 +209,11 @@ stamp() {
 }
 
 # The lab lane's milestones from its stamped log, for the end of the run (what CI shows of a
-# run is its tail): where its time went, and how loaded the machine was.
+# run is its tail): where its time went, how loaded the machine was, and the CPU the lab host's QEMUs
+# used (`python -m dev.lab down` says, at each scenario's destroy and between lab_boot's loaders).
 lab_milestones() {
   echo "=== test.sh: the lab lane's milestones (seconds since the start, load average)"
-  grep -aE '=== test.sh|\] Executing$|Executed: Failed|::test_.* (FAILED|ERROR)|boot-trial timing:|[0-9.]+s (call|setup|teardown) ' \
+  grep -aE '=== test.sh|\] Executing$|Executed: Failed|::test_.* (FAILED|ERROR)|boot-trial timing:|QEMU run\(s\) since up|[0-9.]+s (call|setup|teardown) ' \
     "$logs/lab.log" | sed -E 's#(molecule/[a-z_]+/)?tests/[a-z_]+\.py::##; s#ansible://lab-gpu-host-?##' | cut -c1-160 || true
 }
 
@@ -238,6 +239,16 @@ collection_sanity() {
   return $rc
 }
 
+# machine_busy: the CPU seconds the whole machine has spent busy since it booted (/proc/stat's cpu
+# line: user, nice, system, irq, softirq, steal), every process counted: the lab host's QEMUs, the
+# Docker containers and the libvirt test's guest are none of this script's children. Against the
+# run's wall time it says whether the run waited on the CPU (2 cores: 2 CPU-s a second at most).
+machine_busy() {
+  local _ user nice system irq softirq steal
+  read -r _ user nice system _ _ irq softirq steal _ </proc/stat
+  echo $(((user + nice + system + irq + softirq + steal) / $(getconf CLK_TCK)))
+}
+busy_start=$(machine_busy)
 total=$SECONDS
 logs=$(mktemp -d -t gpuprov-test.XXXXXX)
 molecule=yes
@@ -388,7 +399,8 @@ echo
 # The machine's CPU beside the time: CI's landings took 1,870-2,769 s on 2026-11-26 and 5,051-5,221 s
 # the next day, and TCG's speed follows the CPU, so a run's figures say which CPU gave them.
 cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1 || true)
-echo "=== test.sh summary ($((SECONDS - total))s; $(nproc) CPUs: ${cpu_model:-model unknown})"
+echo "=== test.sh summary ($((SECONDS - total))s; $(nproc) CPUs: ${cpu_model:-model unknown};" \
+  "the machine busy $(($(machine_busy) - busy_start)) CPU-s of $((SECONDS - total)) x $(nproc))"
 printf '%s\n' "${results[@]}" ${molecule_rows[@]+"${molecule_rows[@]}"}
 if [[ -s $logs/failed-tests ]]; then
   echo "=== test.sh: the tests that failed (pytest's short summary, per run)"
