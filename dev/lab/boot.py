@@ -607,12 +607,18 @@ def start_watchdog(lab: Path, pid: int) -> None:
         )
 
 
+def proc_stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses): [0] is
+    field 3, the state. Raises OSError (no such process) or IndexError (not that file's shape)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def wait_gone(pid: int, timeout: float) -> bool:
     """True once ``pid`` has exited (a zombie nobody reaped counts as exited)."""
     t0 = time.monotonic()
     while True:
         try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            if proc_stat(pid)[0] == "Z":
                 return True
         except (OSError, IndexError):
             return True
@@ -632,7 +638,7 @@ def qemu_cpu(pid: int) -> tuple[float, float] | None:
     """How long QEMU ``pid`` has run and the CPU it used (user + system), in seconds, from
     /proc/PID/stat (fields 22, 14 and 15); None when unreadable."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = proc_stat(pid)
         uptime = float(Path("/proc/uptime").read_text().split()[0])
         tick = os.sysconf("SC_CLK_TCK")
         return uptime - int(fields[19]) / tick, (int(fields[11]) + int(fields[12])) / tick
