@@ -174,8 +174,8 @@ run_molecule_docker() (
   return $rc
 )
 
-# The lab lane (above). molecule/lab and molecule/lab_boot boot the GRUB image (built when its
-# inputs changed); molecule/lab_boot also boots the systemd-boot image, which is built at nice 10
+# The lab lane (above). molecule/lab boots the GRUB image (built when its inputs changed);
+# molecule/lab_boot boots the systemd-boot image, which is built at nice 10
 # while molecule/lab runs (its `up --loader systemd-boot` finds it cached, or waits for the
 # build: dev/lab's build lock). Its output is stamped as it comes (stamp, below).
 lab_lane() {
@@ -210,7 +210,7 @@ stamp() {
 
 # The lab lane's milestones from its stamped log, for the end of the run (what CI shows of a
 # run is its tail): where its time went, how loaded the machine was, and the CPU the lab host's QEMUs
-# used (`python -m dev.lab down` says, at each scenario's destroy and between lab_boot's loaders).
+# used (`python -m dev.lab down` says, at each scenario's destroy).
 lab_milestones() {
   echo "=== test.sh: the lab lane's milestones (seconds since the start, load average)"
   grep -aE '=== test.sh|\] Executing$|Executed: Failed|::test_.* (FAILED|ERROR)|boot-trial timing:|QEMU run\(s\) since up|[0-9.]+s (call|setup|teardown) ' \
