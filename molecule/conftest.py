@@ -179,6 +179,16 @@ def converge(hostname):
 
 
 @pytest.fixture
+def lab_converge(hostname):
+    """lab_converge(extra_vars=None) -> PlaybookRun: the scenario's converge.yml on the lab host with its
+    linked inventory (its folder: inventories/lab's hosts, group_vars and host_vars), as the lab
+    scenarios run Ansible. A failed trial is two boots and a watchdog's wait under TCG: up to ten
+    minutes on a busy machine."""
+    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
+    return lambda extra_vars=None: run_converge(hostname, extra_vars, inventory=inventory, timeout=1800)
+
+
+@pytest.fixture
 def scratch_root(host):
     """scratch_root(path) lays out a fresh host root from this instance's capture."""
     return lambda path: lay_out_root(host, path)

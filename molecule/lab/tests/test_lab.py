@@ -43,11 +43,10 @@ assert _spec is not None and _spec.loader is not None
 _conftest = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
 if not hasattr(_conftest, "run_converge"):
     _spec.loader.exec_module(_conftest)
-run_converge = _conftest.run_converge
 converge_killed_in = _conftest.converge_killed_in
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from lab_trials import HANG, a_failed_trial, not_tried_again  # noqa: E402  (molecule/_shared)
+from lab_trials import HANG, a_failed_trial, console, not_tried_again, watchdog_notes  # noqa: E402  (molecule/_shared)
 
 from dev.lab.boot import LARGE_BAR_BUS, LARGE_BAR_GIB, POWER_CYCLE, RESET_BY_LAB, read_state, ssh_argv  # noqa: E402
 from dev.lab.common import lab_dir  # noqa: E402
@@ -411,12 +410,11 @@ def test_removing_the_mdev_the_running_guest_uses_is_refused(host):
     assert domstate(host) == "running"
 
 
-def test_a_run_killed_during_the_vfio_bind_then_during_the_vms_creation_converges_on_rerun(host, hostname):
+def test_a_run_killed_during_the_vfio_bind_then_during_the_vms_creation_converges_on_rerun(host, lab_converge):
     """issue #14: the controller's whole process group SIGKILLed 3 s into the vfio bind, then 3 s
     into the VM's creation (iommu_host's kill is molecule/lab_boot's), after undoing what those two
     steps do at runtime (edu B and its audio function given back, the guest destroyed and undefined);
     the rerun leaves the state of the uninterrupted run, and the run after it changes nothing."""
-    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
     expected = converged_state(host)
     host.run("virsh -c qemu:///system destroy %s; virsh -c qemu:///system undefine %s", VM, VM)
     for addr in (EDU_B, AUDIO_B):
@@ -429,9 +427,9 @@ def test_a_run_killed_during_the_vfio_bind_then_during_the_vms_creation_converge
     # Without the console checks: the guest's view was the converge's check; here the state is
     # what counts, and a nested boot (minutes of TCG inside TCG) would only be waited for.
     no_consoles = {"gpu_vms_check_consoles": False}
-    rerun = run_converge(hostname, no_consoles, inventory=inventory, timeout=1800)
+    rerun = lab_converge(no_consoles)
     assert rerun.failures == 0, rerun.output
-    again = run_converge(hostname, no_consoles, inventory=inventory, timeout=1800)
+    again = lab_converge(no_consoles)
     assert again.failures == 0 and again.changed == 0, again.output
     assert converged_state(host) == expected
     # Off again before the reboots below: a guest still booting would not answer libvirt-guests'
@@ -445,24 +443,16 @@ def reboot_by_itself(host) -> None:
     through GRUB's default entry, and that neither the lab's BMC (a boot with no login prompt) nor
     its power cycle (a reset the firmware never answered) had to step in (run/watchdog.log,
     dev/lab/boot.py)."""
-    log = lab_dir() / "run" / "watchdog.log"
-    console = lab_dir() / "run" / "console.log"
-
-    def interventions() -> list[str]:
-        lines = log.read_text().splitlines() if log.exists() else []
-        return [line for line in lines if line.split(" ", 1)[-1].startswith((RESET_BY_LAB, POWER_CYCLE))]
-
-    before = interventions()
-    offset = console.stat().st_size
+    before = watchdog_notes(RESET_BY_LAB, POWER_CYCLE)
+    offset = len(console())
     boot_id = host.file("/proc/sys/kernel/random/boot_id").content_string
     run = adhoc("-m", "ansible.builtin.reboot", "-a", "reboot_timeout=600")
     assert run.returncode == 0, run.stdout + run.stderr
     assert host.file("/proc/sys/kernel/random/boot_id").content_string != boot_id
-    with open(console, "rb") as f:
-        f.seek(offset)
-        boot = f.read().decode("utf-8", "replace")
+    boot = console()[offset:]
     assert "Welcome to GRUB!" in boot and "Booting `Debian GNU/Linux'" in boot, boot[-3000:]
-    assert interventions() == before, interventions()
+    after = watchdog_notes(RESET_BY_LAB, POWER_CYCLE)
+    assert after == before, after
 
 
 def test_binding_persists_across_a_reboot(host):
@@ -486,15 +476,7 @@ def test_binding_persists_across_a_reboot(host):
     assert domstate(host, MULTI) == "shut off"
 
 
-@pytest.fixture
-def converge(hostname):
-    """converge(extra_vars=None): the whole playbook again on the lab host, as the killed-run test runs it."""
-    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
-    # A failed trial is two boots and a watchdog's wait under TCG: up to ten minutes on a busy machine.
-    return lambda extra_vars=None: run_converge(hostname, extra_vars, inventory=inventory, timeout=1800)
-
-
-def test_a_hanging_argument_comes_back_by_itself_through_the_default_entry(host, converge):
+def test_a_hanging_argument_comes_back_by_itself_through_the_default_entry(host, lab_converge):
     """The iommu_host role's trial of an argument that hangs the committed host (init=/bin/sh: a shell
     waiting on a console nobody types on; the playbook's first role fails): the host comes back on its
     committed arguments by itself, reset by the i6300esb its initramfs armed, and the default's files are
@@ -505,15 +487,15 @@ def test_a_hanging_argument_comes_back_by_itself_through_the_default_entry(host,
     "Welcome to GRUB!" on three boots in a row). GRUB spent its one-shot on the trial entry and, after
     the reset, booted the default entry with no help from the lab (a_failed_trial: neither its boot
     watchdog nor its power cycle)."""
-    trial = a_failed_trial(host, converge, "grub", HANG, "grub hang")
+    trial = a_failed_trial(host, lab_converge, "grub", HANG, "grub hang")
     entry = f"Booting `gpuprov trial: {HANG}'"
     assert entry in trial, trial[-3000:]
     after = trial[trial.index(entry) :]
     assert "Welcome to GRUB!" in after and "Booting `Debian GNU/Linux'" in after, after[-3000:]
 
 
-def test_the_hanging_argument_is_not_tried_again(host, converge):
-    not_tried_again(host, converge, HANG)
+def test_the_hanging_argument_is_not_tried_again(host, lab_converge):
+    not_tried_again(host, lab_converge, HANG)
 
 
 def test_without_its_mmio_window_the_same_vm_fails_in_the_guest(host):

@@ -19,8 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
@@ -29,21 +27,11 @@ _spec = importlib.util.spec_from_file_location("gpuprov_molecule_conftest", REPO
 assert _spec is not None and _spec.loader is not None
 _conftest = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_conftest)
-run_converge = _conftest.run_converge
 converge_killed_in = _conftest.converge_killed_in
 
 from lab_trials import PANIC, a_failed_trial, boot_id, cmdline, not_tried_again, timed  # noqa: E402
 
 LOADER = "systemd-boot"
-
-
-@pytest.fixture
-def converge(hostname):
-    """converge(extra_vars=None) on the lab host, with the scenario's linked inventory (its folder:
-    inventories/lab's hosts, group_vars and host_vars), as molecule/lab's tests run Ansible."""
-    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
-    # A failed trial is two boots and a watchdog's wait under TCG: up to ten minutes on a busy machine.
-    return lambda extra_vars=None: run_converge(hostname, extra_vars, inventory=inventory, timeout=1800)
 
 
 def adhoc(module: str, args: str) -> subprocess.CompletedProcess:
@@ -53,24 +41,24 @@ def adhoc(module: str, args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
 
 
-def test_a_panicking_argument_comes_back_by_itself_on_the_old_arguments(host, converge):
+def test_a_panicking_argument_comes_back_by_itself_on_the_old_arguments(host, lab_converge):
     assert "intel_iommu=off" in cmdline(host)  # the image's own line: this is the host's first trial
     # systemd-boot (timeout 0) names no entry on the console: the panic is the trial's mark.
-    a_failed_trial(host, converge, LOADER, PANIC, f"{LOADER} panic")
+    a_failed_trial(host, lab_converge, LOADER, PANIC, f"{LOADER} panic")
 
 
-def test_the_failed_arguments_are_not_tried_again(host, converge):
-    not_tried_again(host, converge, PANIC)
+def test_the_failed_arguments_are_not_tried_again(host, lab_converge):
+    not_tried_again(host, lab_converge, PANIC)
 
 
-def test_a_good_change_is_tried_then_committed(host, converge):
+def test_a_good_change_is_tried_then_committed(host, lab_converge):
     """The run is killed 3 s into the module call (while it builds the trial initramfs: where a
     handler's notification died with the controller) and run again (issue #14); molecule/lab
     converges its GRUB host uninterrupted."""
     booted = boot_id(host)
     assert converge_killed_in("Turn the IOMMU on at boot"), "the run ended before the module call"
     assert boot_id(host) == booted  # killed before its reboot
-    run = timed(f"{LOADER} good (trial + commit)", lambda: converge())
+    run = timed(f"{LOADER} good (trial + commit)", lab_converge)
     assert run.failures == 0, run.output
     assert boot_id(host) != booted
     args = cmdline(host)
@@ -85,16 +73,16 @@ def test_a_good_change_is_tried_then_committed(host, converge):
     left = host.check_output("ls /var/lib/gpuprov /boot /boot/efi 2>/dev/null; true")
     assert "gpuprov-trial" not in left and "boot-trial.json" not in left and "trial-up" not in left, left
     assert host.file("/sys/class/iommu/dmar0").exists
-    again = timed(f"{LOADER} no-op rerun", lambda: converge())
+    again = timed(f"{LOADER} no-op rerun", lab_converge)
     assert again.failures == 0 and again.changed == 0, again.output
 
 
-def test_the_next_reboot_keeps_it(host, converge):
+def test_the_next_reboot_keeps_it(host, lab_converge):
     booted = boot_id(host)
     r = adhoc("ansible.builtin.reboot", "reboot_timeout=600")
     assert r.returncode == 0, r.stdout + r.stderr
     assert boot_id(host) != booted
     args = cmdline(host)
     assert "intel_iommu=on" in args and not any(a.startswith("gpuprov.trial=") for a in args)
-    run = converge()
+    run = lab_converge()
     assert run.failures == 0 and run.changed == 0, run.output
