@@ -72,11 +72,15 @@ def cmdline(host) -> list[str]:
     return host.file("/proc/cmdline").content_string.split()
 
 
-def a_failed_trial(host, converge: Callable, loader: str, argument: str, timing: str) -> str:
+def a_failed_trial(
+    host, converge: Callable, loader: str, argument: str, timing: str, default_args: list[str] | None = None
+) -> str:
     """converge() with ``argument`` added to the IOMMU's (PANIC or HANG), checked as above; returns the
-    console from the trial on, for the caller's bootloader's own marks."""
+    console from the trial on, for the caller's bootloader's own marks. ``default_args``: /proc/cmdline
+    as the default entry boots it, where the host does not run that entry now (a host still on the
+    trial boot its last change committed); by default the host's arguments before the trial."""
     hang = argument == HANG
-    before, booted, old_args = default_digest(host, loader), boot_id(host), cmdline(host)
+    before, booted, old_args = default_digest(host, loader), boot_id(host), default_args or cmdline(host)
     lab, guest, power = resets(RESET_BY_LAB), resets(RESET_BY_GUEST), resets(POWER_CYCLE)
     offset = len(console())
     run = timed(timing, lambda: converge({"iommu_host_extra_args": [argument], **(HANG_WATCHDOG if hang else {})}))
