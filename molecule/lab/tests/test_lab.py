@@ -7,9 +7,9 @@ libvirt and QEMU hold both. The multi-GPU VM (issue #29): gpuprov's CLI on the l
 its two NUMA nodes, and the guest given a 128 GiB-BAR device from each node shows every BAR
 placed and each device on the guest cell the plan chose. Then the mdev's lifecycle: removing it
 while the running guest uses it is refused; a trial of an argument that hangs the committed host
-comes back by itself through GRUB's default entry, and that boot brings the bindings and the mdev
-back by itself (the trial is not tried again); the multi-GPU VM without its MMIO window fails in its guest, and
-once the guest is off the vGPU role removes the mdev (and then changes nothing).
+comes back by itself through GRUB's default entry, that boot brings the bindings and the mdev back
+by itself, and the trial is not tried again; the multi-GPU VM without its MMIO window fails in its
+guest, and once the guest is off the vGPU role removes the mdev (and then changes nothing).
 
 Addresses (inventories/lab/host_vars/lab-gpu-host.yml, QEMU topology in
 dev/lab/boot.py): edu A 0000:01:00.0 alone behind a root port; edu B 0000:02:00.0
@@ -493,8 +493,8 @@ def test_the_hanging_argument_is_not_tried_again(host, lab_converge):
 def test_without_its_mmio_window_the_same_vm_fails_in_the_guest(host):
     """Issue #29's negative control: lab-multi as gpuprov defined it, less the one option that sizes
     OVMF's 64-bit window (and under another name), booted on the same devices: the guest's kernel
-    cannot place the large BARs and says so, as users of hand-written VMs see it. Runs after the
-    hung trial above, after which lab-multi stays shut off (the devices free)."""
+    cannot place the large BARs and says so, as users of hand-written VMs see it. lab-multi is shut
+    off (the killed-run test above stopped it; nothing started it since): the devices are free."""
     assert domstate(host, MULTI) == "shut off"
     xml = host.check_output("virsh -c qemu:///system dumpxml --inactive %s", MULTI)
     window = re.compile(
