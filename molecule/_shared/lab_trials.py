@@ -41,19 +41,15 @@ def timed(name: str, fn: Callable):
     return result
 
 
-def watchdog_notes(*kinds: str) -> list[str]:
-    """The lines of run/watchdog.log that note one of ``kinds``: a reset by the lab's own boot watchdog
-    (RESET_BY_LAB), by the guest's hardware watchdog (QEMU's WATCHDOG event, RESET_BY_GUEST), or a
-    power cycle (POWER_CYCLE). None before the watchdog has noted anything (no log yet)."""
+def resets(by: str) -> int:
+    """Resets noted in run/watchdog.log: by the lab's own boot watchdog (RESET_BY_LAB), by the guest's
+    hardware watchdog (QEMU's WATCHDOG event, RESET_BY_GUEST), or power cycles (POWER_CYCLE). None
+    before the watchdog has noted anything (no log yet)."""
     try:
         lines = (RUN / "watchdog.log").read_text().splitlines()
     except OSError:
-        return []
-    return [line for line in lines if line.split(" ", 1)[-1].startswith(kinds)]
-
-
-def resets(by: str) -> int:
-    return len(watchdog_notes(by))
+        return 0
+    return sum(line.split(" ", 1)[-1].startswith(by) for line in lines)
 
 
 def console() -> str:
