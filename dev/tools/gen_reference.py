@@ -760,7 +760,8 @@ DEV_TREE = {
     "dev/bench/": "the benchmarks: inspect against lspci, the fleet, the lab's no-op run "
     "([benchmarks.md](benchmarks.md))",
     "dev/device/": "the GPU guests' scripts (the guest and container stages on the device machines)",
-    "dev/tools/": "the collection build, this generator, the house's rules (`house.py`), the multi-GPU probe",
+    "dev/tools/": "the collection build, this generator, the house's rules (`house.py`), the multi-GPU probe, "
+    "a README command run as on a fresh Debian 12 machine (`fresh-machine.sh`)",
     "tests/": "pytest, in folders by layer (below); `tests/fixtures/` holds captured hosts and recorded outputs",
     "molecule/": "the roles' scenarios (docker driver; `lab` and `lab_boot` boot the emulated lab host)",
     "scripts/": "the README's entry points: bootstrap, main.sh (the main job), test.sh (every test, CI)",
