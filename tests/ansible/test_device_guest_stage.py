@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 RUNS = Path(__file__).parents[1] / "fixtures/outputs/device-guest-stage"
-MACHINES = {"1x H100": RUNS, "2x H200": RUNS / "h200x2", "1x H200, run lock": RUNS / "h200x1-run-lock"}
+MACHINES = {
+    "1x H100": RUNS,
+    "2x H200": RUNS / "h200x2",
+    "1x H200, run lock": RUNS / "h200x1-run-lock",
+    "1x H200, issue 27's last step": RUNS / "h200x1-2026-11-30",
+}
 RECAP = re.compile(r"^localhost\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
