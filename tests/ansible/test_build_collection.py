@@ -17,7 +17,7 @@ tool = build_collection_tool()
 
 def test_module_utils_are_the_modules_import_closure_without_the_command_line() -> None:
     files = {p.relative_to(tool.REPO / "gpuprov").as_posix() for p in tool.module_utils_closure()}
-    # imported by modules directly, by the package lazily (virt -> modsupport), and packages on the way
+    # imported by the modules directly, by their adapters (gpuprov/modules/), and the packages on the way
     assert {
         "__init__.py",
         "facts/__init__.py",
