@@ -2,7 +2,9 @@
 # Run one of the README's commands as on a fresh Debian 12 machine, and time it:
 #
 #   dev/tools/fresh-machine.sh                     # scripts/main.sh
-#   dev/tools/fresh-machine.sh scripts/test.sh     # any command, run in the copy
+#   dev/tools/fresh-machine.sh 'scripts/main.sh --check'   # any command line, run in the copy
+#
+# (scripts/test.sh, not tried here, would also have to start a Docker engine inside the container.)
 #
 # The "machine" is a new container of gpuprov-molecule-debian12 (scripts/molecule-image.sh: a
 # debootstrap minbase of Debian 12 with python3, less than a fresh install has), holding a copy of
