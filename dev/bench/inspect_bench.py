@@ -56,11 +56,11 @@ procs = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 with open(trace) as f:
     ops = [line.rstrip("\\n").split("\\t", 1) for line in f]
 part = -(-len(ops) // procs)
-children = []
+children, child = [], False
 for i in range(1, procs):
     pid = os.fork()
     if pid == 0:
-        ops, procs = ops[i * part:(i + 1) * part], 0
+        ops, child = ops[i * part:(i + 1) * part], True
         break
     children.append(pid)
 else:
@@ -77,7 +77,7 @@ for op, rel in ops:
             os.readlink(path)
     except OSError:
         pass
-if not procs:
+if child:
     os._exit(0)
 for pid in children:
     os.waitpid(pid, 0)

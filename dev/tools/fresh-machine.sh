@@ -43,7 +43,7 @@ fi
 command=${*:-scripts/main.sh}
 docker run --rm "${caps[@]}" --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
   "${tls[@]}" -v "$work/src:/src:ro" "$image" \
-  bash -c 'cp -a /src /root/gpuprov && cd /root/gpuprov && start=$SECONDS rc=0
+  bash -c 'cp -a /src /root/gpuprov && cd /root/gpuprov && start=$SECONDS
     bash -c "$1" </dev/null 2>&1 | while IFS= read -r line; do printf "%5d %s\n" $((SECONDS - start)) "$line"; done
     rc=${PIPESTATUS[0]}
     echo "fresh-machine: $1 exited $rc after $((SECONDS - start)) s"

@@ -43,7 +43,7 @@ def timed(name: str, fn: Callable):
 
 def resets(by: str) -> int:
     """Resets noted in run/watchdog.log: by the lab's own boot watchdog (RESET_BY_LAB), by the guest's
-    hardware watchdog (QEMU's WATCHDOG event, RESET_BY_GUEST), or power cycles (POWER_CYCLE). None
+    hardware watchdog (QEMU's WATCHDOG event, RESET_BY_GUEST), or power cycles (POWER_CYCLE). 0
     before the watchdog has noted anything (no log yet)."""
     try:
         lines = (RUN / "watchdog.log").read_text().splitlines()
@@ -76,7 +76,8 @@ def a_failed_trial(
     as the default entry boots it, where the host does not run that entry now (a host still on the
     trial boot its last change committed); by default the host's arguments before the trial."""
     hang = argument == HANG
-    before, booted, old_args = default_digest(host, loader), boot_id(host), default_args or cmdline(host)
+    before, booted = default_digest(host, loader), boot_id(host)
+    old_args = cmdline(host) if default_args is None else default_args
     lab, guest, power = resets(RESET_BY_LAB), resets(RESET_BY_GUEST), resets(POWER_CYCLE)
     offset = len(console())
     run = timed(timing, lambda: converge({"iommu_host_extra_args": [argument], **(HANG_WATCHDOG if hang else {})}))
