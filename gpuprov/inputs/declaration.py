@@ -49,6 +49,7 @@ from typing import Any
 
 from ..core.vm_spec import ACCELS, DRAINS, FIRMWARES, ROM_DIR, STATES, VM_KEYS
 from ..facts.numa import MAX_CPUS
+from .sharing_schema import GUEST_DEFS
 from .validate import (
     HOSTNAME_RE,
     MACHINE_RE,
@@ -546,12 +547,14 @@ SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": SCHEMA_ID,
     "title": "gpuprov host declaration",
-    "description": "a host_vars (or group_vars) file: gpuprov_host (one per host) and gpuprov_layouts (named GPU "
-    "layouts hosts pick by name); other variables are the roles', but the old ones never beside gpuprov_host",
+    "description": "a host_vars (or group_vars) file: gpuprov_host (one per host), gpuprov_layouts (named GPU "
+    "layouts hosts pick by name) and gpuprov_guest (a GPU guest: how its GPUs are shared); other variables are "
+    "the roles', but the old ones never beside gpuprov_host",
     "type": "object",
     "properties": {
         "gpuprov_host": {"$ref": "#/$defs/host"},
         "gpuprov_layouts": {"$ref": "#/$defs/layouts"},
+        "gpuprov_guest": {"$ref": "#/$defs/guest"},
     },
     "if": {"required": ["gpuprov_host"]},
     "then": {
@@ -565,6 +568,7 @@ SCHEMA: dict[str, Any] = {
         }
     },
     "$defs": {
+        **GUEST_DEFS,
         "version": {
             "type": "integer",
             "enum": list(VERSIONS),
