@@ -52,6 +52,8 @@ ALLOWED_WRITERS = {
     "gpuprov/facts/bootloader.py": "runs the trial record's check command (a read) and nothing else",
     "gpuprov/facts/mig.py": "runs `nvidia-smi mig -lgi/-lci` (reads) through one runner",
     "gpuprov/facts/gpus.py": "runs `nvidia-smi -q -x` (a read)",
+    "gpuprov/facts/mps.py": "runs `nvidia-smi --query-gpu` and the MPS control daemon's get_* queries (reads; "
+    "facts.mps.QUERIES is the whole list, any other refused)",
     "gpuprov/cli/capture.py": "runs the capture's read-only commands (lspci, dmesg...) into the tarball it writes",
     # The command line's own output, where the user asked for it.
     "gpuprov/cli/topology.py": "writes the SVG picture to the path given with --svg",
@@ -61,6 +63,8 @@ ALLOWED_WRITERS = {
     # Scratch of one process.
     "gpuprov/bytecode_cache.py": "caches compiled bytecode in its own cache directory (import time)",
     "gpuprov/verify/container.py": "stages the bench script for its short-lived container in a private temp dir",
+    "gpuprov/verify/sharing_bench.py": "stages the tenant load script for its short-lived containers in a private "
+    "temp dir",
 }
 
 
