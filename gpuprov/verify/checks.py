@@ -30,6 +30,7 @@ from .checks_bench import check_bench, check_container_bench
 from .checks_containers import check_cdi, check_container, check_containerd, check_docker
 from .checks_gpu import check_driver, check_gpus, check_link, check_mig, check_vgpu, check_vgpu_license
 from .checks_multigpu import judge_multigpu, multigpu_probe
+from .checks_sharing import check_sharing
 from .gather import VerifyFacts
 
 
@@ -54,5 +55,6 @@ def evaluate(facts: VerifyFacts) -> list[Check]:
     checks += [check_docker(facts), check_containerd(facts), check_cdi(facts), check_container(facts)]
     checks += check_bench(facts)
     checks += check_container_bench(facts)
+    checks += check_sharing(facts)
     checks += judge_multigpu(multigpu_probe(facts), bench_requested=facts.bench_requested)
     return checks

@@ -168,6 +168,9 @@ def check_container_bench(facts: VerifyFacts) -> list[Check]:
     run = facts.container
     if not facts.bench_requested or not facts.bench or run is None or run.status != "ok":
         return []
+    if facts.sharing_mps:
+        why = "a GPU here is shared by MPS: a container is a tenant held to its share (sharing-share measures it)"
+        return [Check("bench-container", "skip", why)]
     if run.bench_error:
         return [
             Check(

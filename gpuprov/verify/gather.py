@@ -33,9 +33,11 @@ from ..facts.gpus import (
     run_nvidia_smi,
 )
 from ..facts.guest_toolkit import read_engines
+from ..facts.mps import SharingFacts, read_record, read_sharing
 from ..facts.multigpu import read_multigpu
 from ..facts.pci import PciDevice, read_pci_device, read_pci_devices
 from ..facts.sysfs import Sysfs
+from ..inputs.sharing import parse_guest
 from .bench import BenchResult, P2pResult
 from .container import ContainerRun
 
@@ -71,6 +73,18 @@ class VerifyFacts:
     multigpu: dict[str, Any] | None = None  # the probe (gpuprov.facts.multigpu), None when no GPU is seen
     p2p_bench: list[P2pResult] | None = None  # --bench with two GPUs or more
     bench_rounds: list[list[BenchResult]] = field(default_factory=list)  # the guest's, alternated with a container's
+    # GPU sharing (docs/guides/sharing.md): the record guest_sharing keeps, the daemons as they are, the CDI
+    # spec's text, and with --bench the tenants measured (gpuprov.verify.sharing_bench).
+    sharing_record: dict[str, Any] | None = None
+    sharing: SharingFacts | None = None
+    sharing_cdi: str | None = None
+    sharing_bench: dict[str, Any] | None = None
+
+    @property
+    def sharing_mps(self) -> bool:
+        """A GPU here is shared by MPS: a container is a tenant, held to its share."""
+        gpus = (self.sharing_record or {}).get("gpus")
+        return isinstance(gpus, list) and any(isinstance(g, dict) and g.get("sharing") == "mps" for g in gpus)
 
     @property
     def gpus(self) -> list[GpuInfo]:
@@ -157,6 +171,22 @@ def _link_sampler(sysfs: Sysfs, facts: VerifyFacts, nvml: Any) -> Any:
     return sample
 
 
+def _gather_sharing(sysfs: Sysfs, facts: VerifyFacts) -> None:
+    """The sharing record and what it names; a record whose declaration does not validate is not used."""
+    record = read_record(sysfs)
+    if record is None:
+        return
+    decl, problems = parse_guest(record.get("declaration"), "the record's declaration")
+    if decl is None or problems:
+        facts.sharing_record = {"gpus": [], "error": "; ".join(r.describe() for r in problems)[:500]}
+        return
+    facts.sharing_record = record
+    facts.sharing = read_sharing(sysfs, decl.mps_root, [g.name for g in decl.gpus], [], gpus=facts.live)
+    cdi = record.get("cdi_output")
+    if isinstance(cdi, str) and cdi.startswith("/") and ".." not in cdi and len(cdi) < 256:
+        facts.sharing_cdi = sysfs.read_text(cdi.lstrip("/"))
+
+
 def gather(
     sysfs: Sysfs,
     *,
@@ -209,6 +239,7 @@ def gather(
     if live:
         facts.containerd_running = read_engines(sysfs, facts.docker, facts.containerd)["containerd"].started is not None
 
+    _gather_sharing(sysfs, facts)
     if facts.gpus:
         facts.multigpu = read_multigpu(sysfs, facts.gpus, nvml=nvml if facts.gpus_from == "nvml" else None)
 
@@ -238,7 +269,7 @@ def gather(
             facts.bench = run_bench(backend, facts.gpus, sample_link=_link_sampler(sysfs, facts, nvml))
             if len(facts.gpus) > 1:
                 facts.p2p_bench = run_p2p_bench(backend, facts.gpus)
-            if facts.container is not None and facts.container.status == "ok":
+            if facts.container is not None and facts.container.status == "ok" and not facts.sharing_mps:
                 # The same bench inside a container: near bare-metal means the same figures. One copy varies
                 # by 10-20% from run to run on a guest (2x H100: 48.0, 48.7, 54.4 GB/s), so the two alternate,
                 # BENCH_ROUNDS each, and the medians are compared.
@@ -250,4 +281,24 @@ def gather(
                         facts.bench_rounds.append(run_bench(backend, facts.gpus))
                     if not run_bench_container(engine, facts.container, backend):
                         break
+            if facts.sharing_mps and facts.container is not None and facts.container.status == "ok":
+                _bench_sharing(facts, engine, backend)
     return facts
+
+
+def _bench_sharing(facts: VerifyFacts, engine: Any, backend: Any) -> None:
+    """Each MPS GPU's tenants measured in containers, against the guest's own matmul on that GPU."""
+    import os
+
+    from .sharing_bench import measure_declared
+
+    site = os.path.dirname(os.path.dirname(os.path.abspath(backend[1].__file__)))
+    whole = {(r.uuid or "").lower().removeprefix("gpu-"): r.matmul_tflops for r in facts.bench if not r.error}
+    facts.sharing_bench = {}
+    for entry in (facts.sharing_record or {}).get("gpus") or []:
+        if isinstance(entry, dict) and entry.get("sharing") == "mps":
+            uuid = str(entry.get("uuid") or "").lower().removeprefix("gpu-")
+            image = facts.container.image if facts.container is not None else None
+            facts.sharing_bench[str(entry.get("name"))] = measure_declared(
+                engine, image or "", site, entry, whole.get(uuid)
+            )
