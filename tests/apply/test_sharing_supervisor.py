@@ -48,7 +48,7 @@ def supervised(tmp_path: Path):
     assert decl is not None and not problems
     folder = tmp_path / "run" / "gpu0"
     script = tmp_path / "gpuprov-mps-gpu0"
-    script.write_text(supervisor_script(decl.gpus[0], ROW, Limits(25, 35430), str(folder), str(control)))
+    script.write_text(supervisor_script(decl.gpus[0], ROW, Limits(25, 34816), str(folder), str(control)))
     script.chmod(0o755)
     subprocess.run(["setsid", "-f", str(script), "run"], check=True, timeout=30)
     try:
@@ -69,7 +69,7 @@ def test_the_supervisor_keeps_the_daemon_with_its_limits_and_stops_clean(supervi
     state = _state(folder, control, script)
     assert state.supervisor_pid is not None and len(state.daemon_pids) == 1
     assert state.control_socket and state.shm_mounted
-    assert (state.default_sm, state.default_mem_mib) == (25.0, 35430)
+    assert (state.default_sm, state.default_mem_mib) == (25.0, 34816)
     # /dev/shm of the daemon is the entry's folder: the namespace is the daemon's own, not this test's.
     assert str(folder / "shm") in Path("/proc/self/mounts").read_text()
     assert Path(f"/proc/{state.daemon_pids[0]}/ns/mnt").resolve() != Path("/proc/self/ns/mnt").resolve()
@@ -79,7 +79,7 @@ def test_the_supervisor_keeps_the_daemon_with_its_limits_and_stops_clean(supervi
     os.kill(first, 9)
     again = _until(lambda: [p for p in _state(folder, control, script).daemon_pids if p != first])
     _until(lambda: _ask(control, folder, "get_default_active_thread_percentage") == "25.0")
-    assert _ask(control, folder, "get_default_device_pinned_mem_limit 0") == "35430M"
+    assert _ask(control, folder, "get_default_device_pinned_mem_limit 0") == "34G"
 
     subprocess.run([str(script), "stop"], check=True, timeout=60)
     state = _state(folder, control, script)

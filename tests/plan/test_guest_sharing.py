@@ -84,10 +84,10 @@ def test_four_equal_tenants_on_a_bare_guest_without_systemd() -> None:
     ]
     (entry,) = sp.report
     # 143771 MiB less the 2048 MiB reserve, in four: every tenant held to it by the server.
-    assert entry["server_limits"] == {"sm_percent": 25, "memory_mib": 35430}
+    assert entry["server_limits"] == {"sm_percent": 25, "memory_mib": 34816}
     assert entry["enforced"] is True and [t["enforced"] for t in entry["tenants"]] == [True] * 4
     script = sp.plan.actions[0].content
-    assert "SM=25\nMEM=35430M\n" in script and f"CUDA_VISIBLE_DEVICES={UUID}" in script
+    assert "SM=25\nMEM=34G\n" in script and f"CUDA_VISIBLE_DEVICES={UUID}" in script
     assert sp.plan.actions[0].mode == 0o755
 
 
@@ -151,8 +151,8 @@ def test_compute_mode_exclusive_process_is_set_and_put_back() -> None:
 
 def test_unequal_shares_are_advice_and_said_so() -> None:
     tenants = [
-        {"name": "big", "sm_percent": 75, "memory_mib": 60000},
-        {"name": "small", "sm_percent": 25, "memory_mib": 20000},
+        {"name": "big", "sm_percent": 75, "memory_mib": 61440},
+        {"name": "small", "sm_percent": 25, "memory_mib": 20480},
     ]
     refused, problems = parse_guest({"gpus": [{**FOUR, "tenants": tenants}]})
     assert (
@@ -160,13 +160,13 @@ def test_unequal_shares_are_advice_and_said_so() -> None:
     )
     sp = plan_sharing(facts(), decl({**FOUR, "tenants": tenants, "advisory_shares": True}), staged_now=True)
     (entry,) = sp.report
-    assert entry["server_limits"] == {"sm_percent": 75, "memory_mib": 60000} and entry["enforced"] is False
+    assert entry["server_limits"] == {"sm_percent": 75, "memory_mib": 61440} and entry["enforced"] is False
     assert [(t["name"], t["enforced"]) for t in entry["tenants"]] == [("big", True), ("small", False)]
     spec = json.loads(next(a.content for a in sp.plan.actions if a.path == "etc/cdi/nvidia.yaml"))
     small = next(d for d in spec["devices"] if d["name"] == "gpu0-small")["containerEdits"]
     assert (
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in small["env"]
-        and "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20000M" in small["env"]
+        and "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20G" in small["env"]
     )
     assert small["deviceNodes"] == [{"path": "/dev/nvidia0"}]
 
@@ -211,7 +211,7 @@ def test_the_staged_spec_is_made_first_when_the_spec_is_not_derived_from_it() ->
         ({}, {**FOUR, "address": "0000:00:07.0"}, "0000:00:07.0 is not a GPU of this guest"),
         ({"gpus": [GpuRow(**{**ROW.__dict__, "compute_cap": 6.1})]}, FOUR, "compute capability 6.1"),
         ({"gpus": [GpuRow(**{**ROW.__dict__, "compute_cap": None})]}, FOUR, "compute capability unknown"),
-        ({}, {**FOUR, "tenants": 48, "memory_reserve_mib": 140000}, "48 tenants get 78 MiB each"),
+        ({}, {**FOUR, "tenants": 48, "memory_reserve_mib": 140000}, "48 tenants get 0 MiB each"),
         (
             {},
             {

@@ -35,7 +35,8 @@ from ...inputs.sharing import GpuSharing, GuestSharing
 from .toolkit import CDI_STAGING
 
 MIN_COMPUTE_CAP = 7.0  # MPS limits (active thread percentage, pinned memory) need Volta or later
-MIN_SHARE_MIB = 256
+MIN_SHARE_MIB = 1024
+GIB = 1024  # MiB: the unit MPS memory limits are held in
 EXCLUSIVE_PROCESS = "Exclusive_Process"
 
 
@@ -83,7 +84,8 @@ def limits_of(gpu: GpuSharing, row: GpuRow, p: Plan) -> Limits | None:
         return None
     room = row.memory_mib - gpu.memory_reserve_mib
     if gpu.equal_tenants is not None:
-        share = room // gpu.equal_tenants if room > 0 else 0
+        # Whole GiB: the control daemon keeps and shows its memory limit in G (35430M reads back "34G").
+        share = (room // gpu.equal_tenants) // GIB * GIB if room > 0 else 0
         if share < MIN_SHARE_MIB:
             p.refusals.append(
                 Refusal(
@@ -107,6 +109,16 @@ def limits_of(gpu: GpuSharing, row: GpuRow, p: Plan) -> Limits | None:
                 f"{where}: the tenants' memory shares add up to {total} MiB, more than {row.uuid}'s {row.memory_mib} "
                 f"MiB less the {gpu.memory_reserve_mib} MiB reserve ({room} MiB)",
                 "lower the tenants' memory_mib or memory_reserve_mib",
+                row.address,
+            )
+        )
+        return None
+    uneven = [t.name for t in gpu.tenants if (t.memory_mib or 0) % GIB]
+    if uneven:
+        p.refusals.append(
+            Refusal(
+                f"{where}: the memory shares of {', '.join(uneven)} are not whole GiB: MPS holds memory limits in GiB",
+                "give each tenant's memory_mib as a multiple of 1024",
                 row.address,
             )
         )
@@ -142,7 +154,7 @@ set -u
 DIR={folder}
 CONTROL={control}
 SM={limits.sm_percent}
-MEM={limits.memory_mib}M
+MEM={limits.memory_mib // GIB}G
 PATH={bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH CUDA_VISIBLE_DEVICES={row.uuid} CUDA_MPS_PIPE_DIRECTORY=$DIR/pipe CUDA_MPS_LOG_DIRECTORY=$DIR/log
 
@@ -263,7 +275,7 @@ def client_edits(folder: str, env: dict[str, str]) -> dict[str, Any]:
 
 
 def share_env(sm: int, mem: int) -> dict[str, str]:
-    return {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(sm), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mem}M"}
+    return {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(sm), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mem // GIB}G"}
 
 
 def _merge(edits: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
