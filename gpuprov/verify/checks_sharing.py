@@ -93,26 +93,31 @@ def check_sharing(facts: Any) -> list[Check]:
 
 
 def _bench(name: str, m: dict[str, Any], index: int | None) -> list[Check]:
-    """The tenants measured: side by side each within SHARE_TOLERANCE of its declared share of the whole."""
+    """The tenants measured: side by side each within SHARE_TOLERANCE of its declared share of what they
+    all got together (their aggregate; the guest's own matmul, unrestricted, shown beside as the whole)."""
     whole = m.get("whole")
     checks = []
     if m.get("error"):
         return [Check("sharing-share", "fail", f"{name}: {m['error']}", FIX, index)]
-    for tenant, t in (m.get("tenants") or {}).items():
+    tenants = m.get("tenants") or {}
+    measured = {k: t for k, t in tenants.items() if isinstance(t.get("side_by_side"), (int, float))}
+    aggregate = sum(t["side_by_side"] for t in measured.values())
+    declared_all = sum(t.get("declared_percent") or 0 for t in measured.values())
+    for tenant, t in tenants.items():
         declared, alone, side = t.get("declared_percent"), t.get("alone"), t.get("side_by_side")
-        if not isinstance(whole, (int, float)) or not isinstance(side, (int, float)) or not declared:
-            why = "; ".join(t.get("errors") or []) or "no figure (the guest's own matmul or the tenant's)"
+        if tenant not in measured or not declared or aggregate <= 0 or len(measured) != len(tenants):
+            why = "; ".join(t.get("errors") or []) or "a tenant gave no figure"
             checks.append(Check("sharing-share", "fail", f"{name}/{tenant}: not measured: {why}", None, index))
             continue
-        share = side / whole
-        error = (share - declared / 100) / (declared / 100)
-        alone_text = (
-            f"alone {alone:.0f} TFLOP/s ({alone / whole:.2f})" if isinstance(alone, (int, float)) else "alone -"
-        )
+        share, wanted = side / aggregate, declared / declared_all
+        error = (share - wanted) / wanted
+        of_whole = f", {side / whole:.2f} of the guest's unrestricted {whole:.0f}" if whole else ""
+        alone_text = f"; alone {alone:.0f} TFLOP/s" if isinstance(alone, (int, float)) else ""
         how = "enforced" if t.get("enforced") else "advised"
         text = (
-            f"{name}/{tenant} ({how} {declared}% of SMs): side by side {side:.0f} TFLOP/s, {share:.3f} of the whole "
-            f"{whole:.0f} ({error:+.1%} of its share; within {SHARE_TOLERANCE:.0%} is the goal); {alone_text}"
+            f"{name}/{tenant} ({how} {declared}% of SMs): side by side {side:.0f} of the tenants' {aggregate:.0f} "
+            f"TFLOP/s, {share:.3f} for a declared {wanted:.3f} ({error:+.1%}; within {SHARE_TOLERANCE:.0%} is the "
+            f"goal){of_whole}{alone_text}"
         )
         ok = abs(error) <= SHARE_TOLERANCE
         checks.append(Check("sharing-share", "ok" if ok else "fail", text, None if ok else FIX, index))
