@@ -256,6 +256,9 @@ class CdiSpec:
     devices: list[str]  # device names: "0", "GPU-<uuid>", "all", "0:1" (MIG)
     driver_versions: list[str] = field(default_factory=list)  # from libcuda.so.X / libnvidia-ml.so.X paths
     error: str | None = None
+    # Devices that make a container an MPS client (their env sets CUDA_MPS_PIPE_DIRECTORY): gpuprov's tenant
+    # devices of a shared GPU (docs/guides/sharing.md), each a GPU's device nodes under a tenant's name.
+    mps_clients: list[str] = field(default_factory=list)
 
 
 _DRIVER_LIB = re.compile(r"lib(?:cuda|nvidia-ml)\.so\.(\d+\.\d+(?:\.\d+)?)\b")
@@ -305,17 +308,22 @@ def _parse_cdi_json(text: str, path: str, versions: list[str]) -> CdiSpec:
     if not isinstance(listed, list):
         return CdiSpec(path, None, [], versions, f"devices is {_json_type(listed)}, not an array: not a CDI spec")
     names: list[object] = []
+    clients: list[str] = []
     for i, d in enumerate(listed):
         if not isinstance(d, dict):
             return CdiSpec(path, None, [], versions, f"devices[{i}] is {_json_type(d)}, not an object")
         names.append(d.get("name"))
+        edits = d.get("containerEdits")
+        env = edits.get("env") if isinstance(edits, dict) else None
+        if isinstance(env, list) and any(isinstance(e, str) and e.startswith("CUDA_MPS_PIPE_DIRECTORY=") for e in env):
+            clients.append(str(d.get("name")))
     kind = data.get("kind")
     if kind is None and not names:
         return CdiSpec(path, None, [], versions, "no kind and no devices: not a CDI spec")
     error = _cdi_error(kind, names)
     if error:
         return CdiSpec(path, None, [], versions, error)
-    return CdiSpec(path, kind, [str(n) for n in names], versions)  # type: ignore[arg-type]
+    return CdiSpec(path, kind, [str(n) for n in names], versions, mps_clients=clients)  # type: ignore[arg-type]
 
 
 def _parse_cdi_yaml(text: str, path: str, versions: list[str]) -> CdiSpec:

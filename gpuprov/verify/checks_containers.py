@@ -119,7 +119,8 @@ def check_cdi(facts: VerifyFacts) -> Check:
             f"regenerate it: {GENERATE_CDI}",
         )
     known = {str(g.index) for g in facts.gpus} | {g.uuid for g in facts.gpus if g.uuid}
-    extra = sorted(n for n in names if n != "all" and ":" not in n and n not in known)
+    tenants = {n for s in specs for n in s.mps_clients}  # a shared GPU's tenant devices: no GPU of their own
+    extra = sorted(n for n in names if n != "all" and ":" not in n and n not in known and n not in tenants)
     if extra:
         return Check(
             "cdi-spec",

@@ -223,6 +223,21 @@ def test_a_cdi_spec_with_a_gpu_that_went_away_warns(fake) -> None:
     assert check.status == "warn" and f"1, {UUID1}" in check.message
 
 
+def test_a_shared_gpus_tenant_devices_are_no_gpu_gone_away(fake) -> None:
+    """guest_sharing's tenant devices (MPS clients under a tenant's name) are not read as GPUs that went away:
+    the toolkit's step would regenerate the spec on that warning, and the two would undo each other."""
+    docker_host(fake, DAEMON_NVIDIA)
+    client = {"deviceNodes": [{"path": "/dev/nvidia0"}], "env": ["CUDA_MPS_PIPE_DIRECTORY=/run/gpuprov/mps/g/pipe"]}
+    devices = [{"name": n, "containerEdits": client} for n in ("0", ZERO_UUID, "all", "g-big", "g-small")]
+    fake.write("etc/cdi/nvidia.yaml", json.dumps({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices}))
+    check = checks_for(guest(fake))["cdi-spec", None]
+    assert check.status == "ok", check.message
+    devices.append({"name": "stray", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}})
+    fake.write("etc/cdi/nvidia.yaml", json.dumps({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices}))
+    check = checks_for(guest(fake))["cdi-spec", None]
+    assert check.status == "warn" and "stray" in check.message and "g-big" not in check.message
+
+
 def test_a_cdi_spec_for_an_older_driver_fails(fake) -> None:
     docker_host(fake, DAEMON_NVIDIA)
     fake.write("etc/cdi/nvidia.yaml", cdi_yaml(("0", 0), ("all", 0), version="570.133.20"))
