@@ -10,7 +10,7 @@ Runs, each as its own container, one after another (so each has the GPU to itsel
   ``-e``, which CDI's environment overrides and the server's limits bind;
 - ``env-alloc``: with those variables, asks for its memory share + 4 GiB;
 - ``leaves-mps``: a process that sets ``CUDA_MPS_PIPE_DIRECTORY`` itself inside the container
-  (``env VAR=... python3 ...``): MPS cannot hold what never connects to it; only compute mode
+  (before CUDA starts): MPS cannot hold what never connects to it; only compute mode
   Exclusive_Process refuses it (left Default here: the device machines' GPU settings are not ours).
 Prints one line per run and writes every answer as JSON. Never changes a GPU setting.
 """
@@ -71,7 +71,11 @@ def main() -> int:
         f.write(sb.tenant_source())
     os.chmod(staged, 0o755)
     spec = sb._spec(args.image, site, staged, sb.Tenant("leaves-mps", args.uuid), matmul)
-    spec.argv = ["env", "CUDA_MPS_PIPE_DIRECTORY=/tmp/elsewhere", *spec.argv]
+    leave = (
+        "import os, runpy, sys; os.environ['CUDA_MPS_PIPE_DIRECTORY'] = '/tmp/elsewhere'; "
+        "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    spec.argv = ["python3", "-c", leave, *spec.argv[1:]]
     t0 = time.monotonic()
     done = run_container(engine, spec, timeout=300)
     got = sb.last_json(done.output) or {"error": done.output.strip().splitlines()[-1:] or "no output"}
