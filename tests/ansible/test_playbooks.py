@@ -26,6 +26,7 @@ CONCERNS = {
     "vms": "gpuprov.kvm.gpu_vms",
     "guest_driver": "gpuprov.kvm.guest_nvidia_driver",
     "containers": "gpuprov.kvm.guest_container_toolkit",
+    "sharing": "gpuprov.kvm.guest_gpu_sharing",
     "verify": None,  # gpu_passthrough's own post_tasks (module gpu_verify)
 }
 STAGES = {"hosts.yml": ["gpu_hosts"], "vms.yml": ["gpu_hosts"], "guests.yml": ["gpu_guests"]}
@@ -115,4 +116,4 @@ def test_the_guest_stage_runs_on_its_own(tmp_path: Path) -> None:
     ansible_playbook(tmp_path, "guests.yml", "--syntax-check")
     tasks = listed_tasks(ansible_playbook(tmp_path, "guests.yml", "--list-tasks"))
     roles = {name.split(" : ")[0] for name, _tags in tasks if " : " in name}
-    assert roles == {CONCERNS["guest_driver"], CONCERNS["containers"]}
+    assert roles == {CONCERNS["guest_driver"], CONCERNS["containers"], CONCERNS["sharing"]}

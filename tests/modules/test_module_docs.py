@@ -119,6 +119,7 @@ def test_there_are_modules() -> None:
         "gpu_vm",
         "gpu_vm_host",
         "guest_driver",
+        "guest_sharing",
         "guest_toolkit",
         "iommu_boot",
         "kernel_cmdline",
