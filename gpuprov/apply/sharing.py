@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..core.plan import Plan
 from ..facts.mps import STATE_FILE, SharingFacts, find_binary, read_sharing, script_path
@@ -33,7 +32,7 @@ class Converged:
 def read(sysfs: Sysfs, decl: GuestSharing, cdi_output: str) -> SharingFacts:
     """Every fact the planner needs, the managed files' text included."""
     names = [g.name for g in decl.gpus]
-    facts = read_sharing(sysfs, decl.mps_root, names, [], gpus=bool(decl.gpus))
+    facts = read_sharing(sysfs, decl.mps_root, names, gpus=bool(decl.gpus))
     files = [STATE_FILE, cdi_output, CDI_STAGING]
     for name in sorted(set(names) | set(facts.states)):
         files += [script_path(name), unit_path(name), wants_path(name)]
@@ -98,7 +97,3 @@ def _not_ready(sharing: SharingPlan) -> list[str]:
     return [a.describe() for a in sharing.plan.actions if a.argv is not None] + [
         r.describe() for r in sharing.plan.refusals
     ]
-
-
-def report(converged: Converged) -> dict[str, Any]:
-    return {"gpus": converged.plan.report, "record": converged.plan.record}

@@ -229,8 +229,8 @@ def read_state(
     return state
 
 
-def read_sharing(sysfs: Sysfs, mps_root: str, names: list[str], files: list[str], *, gpus: bool = True) -> SharingFacts:
-    """The facts for entries ``names`` under ``mps_root``, and the text of ``files`` (root-relative)."""
+def read_sharing(sysfs: Sysfs, mps_root: str, names: list[str], *, gpus: bool = True) -> SharingFacts:
+    """The facts for entries ``names`` under ``mps_root`` (the managed files' text is the caller's to add)."""
     facts = SharingFacts()
     if gpus and sysfs.live:
         facts.gpus, facts.gpus_error = query_gpus()
@@ -245,7 +245,6 @@ def read_sharing(sysfs: Sysfs, mps_root: str, names: list[str], files: list[str]
     procs = _processes(sysfs)
     for name in sorted(set(names) | set(facts.folders)):
         facts.states[name] = read_state(sysfs, f"{mps_root}/{name}", name, facts.control, procs)
-    facts.files = {rel: sysfs.read_text(rel) for rel in files}
     return facts
 
 

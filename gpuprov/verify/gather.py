@@ -181,7 +181,7 @@ def _gather_sharing(sysfs: Sysfs, facts: VerifyFacts) -> None:
         facts.sharing_record = {"gpus": [], "error": "; ".join(r.describe() for r in problems)[:500]}
         return
     facts.sharing_record = record
-    facts.sharing = read_sharing(sysfs, decl.mps_root, [g.name for g in decl.gpus], [], gpus=facts.live)
+    facts.sharing = read_sharing(sysfs, decl.mps_root, [g.name for g in decl.gpus], gpus=facts.live)
     cdi = record.get("cdi_output")
     if isinstance(cdi, str) and cdi.startswith("/") and ".." not in cdi and len(cdi) < 256:
         facts.sharing_cdi = sysfs.read_text(cdi.lstrip("/"))
