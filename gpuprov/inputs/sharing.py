@@ -42,6 +42,7 @@ class GpuSharing:
     memory_reserve_mib: int = DEFAULT_RESERVE_MIB
     compute_mode: str = "exclusive_process"
     advisory_shares: bool = False
+    clients_group: str | None = None  # who may connect: the pipe and shm folders' group (None: anyone)
 
     @property
     def selector(self) -> str:
@@ -73,12 +74,13 @@ class GuestSharing:
                     memory_reserve_mib=g.memory_reserve_mib,
                     compute_mode=g.compute_mode,
                     advisory_shares=g.advisory_shares,
+                    clients_group=g.clients_group,
                 )
             out.append(entry)
         return {"version": 1, "gpus": out, "mps_root": self.mps_root}
 
 
-MPS_ONLY = ("tenants", "memory_reserve_mib", "compute_mode", "advisory_shares")
+MPS_ONLY = ("tenants", "memory_reserve_mib", "compute_mode", "advisory_shares", "clients_group")
 
 
 def parse_guest(value: Any, path: str = "gpuprov_guest") -> tuple[GuestSharing | None, list[Refusal]]:
@@ -130,6 +132,7 @@ def _gpu(p: Problems, where: str, raw: dict[str, Any]) -> GpuSharing | None:
         memory_reserve_mib=raw.get("memory_reserve_mib", DEFAULT_RESERVE_MIB),
         compute_mode=raw.get("compute_mode", "exclusive_process"),
         advisory_shares=bool(raw.get("advisory_shares", False)),
+        clients_group=raw.get("clients_group"),
     )
     tenants = raw.get("tenants")
     if isinstance(tenants, int):

@@ -101,6 +101,13 @@ GUEST_DEFS: dict[str, Any] = {
                 "description": "mps only: exclusive_process (the default: the GPU takes only the MPS server, so a "
                 "process that leaves MPS is refused) or leave (the compute mode as it is)",
             },
+            "clients_group": {
+                "type": "string",
+                "pattern": "^[a-z_][a-z0-9_-]{0,31}$(?!\\n)",
+                "description": "mps only: who may connect - the pipe and shared memory folders belong to this "
+                "group, closed to others (root and the group's members, e.g. containers run with --group-add); "
+                "without it, anyone on the guest may connect, as MPS's own default",
+            },
             "advisory_shares": {
                 "type": "boolean",
                 "description": "mps only: accept unequal shares as advice (MPS holds every client to the largest "

@@ -4,7 +4,9 @@ daemon gets, checked on a machine without a GPU. Needs root (mount, unshare), as
 
 from __future__ import annotations
 
+import grp
 import os
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -37,14 +39,10 @@ def _ask(control: Path, folder: Path, command: str) -> str:
 
 
 @pytest.fixture
-def supervised(tmp_path: Path):
+def supervised(tmp_path: Path, request):
     control = fakemps.write(tmp_path / "bin")
-    decl, problems = parse_guest(
-        {
-            "gpus": [{"name": "gpu0", "uuid": ROW.uuid, "sharing": "mps", "tenants": 4}],
-            "mps_root": str(tmp_path / "run"),
-        }
-    )
+    entry = {"name": "gpu0", "uuid": ROW.uuid, "sharing": "mps", "tenants": 4, **getattr(request, "param", {})}
+    decl, problems = parse_guest({"gpus": [entry], "mps_root": str(tmp_path / "run")})
     assert decl is not None and not problems
     folder = tmp_path / "run" / "gpu0"
     script = tmp_path / "gpuprov-mps-gpu0"
@@ -96,3 +94,14 @@ def test_stop_ends_a_daemon_whose_supervisor_was_killed(supervised) -> None:
     os.kill(state.supervisor_pid, 9)
     subprocess.run([str(script), "stop"], check=True, timeout=60)
     assert _state(folder, control, script).daemon_pids == []
+
+
+@pytest.mark.parametrize("supervised", [{"clients_group": "nogroup"}], indirect=True)
+def test_who_may_connect_is_the_clients_group(supervised) -> None:
+    _script, folder, _control = supervised
+    log = folder / "log" / "supervisor.log"
+    _until(lambda: log.exists() and "limits: 25%" in log.read_text())
+    gid = grp.getgrnam("nogroup").gr_gid
+    for name, mode in (("pipe", 0o750), ("shm", 0o1770)):
+        st = (folder / name).stat()
+        assert (st.st_gid, stat.S_IMODE(st.st_mode)) == (gid, mode), name

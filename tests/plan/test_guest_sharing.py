@@ -238,6 +238,8 @@ def test_refusals_name_the_problem_and_change_nothing(more: dict[str, Any], entr
         ({"gpus": [{"name": "g", "sharing": "mps", "tenants": 2}]}, "neither or both of address and uuid"),
         ({"gpus": [{"name": "g", "uuid": UUID, "sharing": "shared", "tenants": 2}]}, "is for sharing: mps"),
         ({"gpus": [{"name": "g", "uuid": UUID, "sharing": "mps"}]}, "is required with sharing: mps"),
+        ({"gpus": [{"name": "g", "uuid": UUID, "sharing": "shared", "clients_group": "t"}]}, "is for sharing: mps"),
+        ({"gpus": [{"name": "g", "uuid": UUID, "sharing": "mps", "tenants": 2, "clients_group": "a;b"}]}, "not valid"),
         ({"gpus": [{"name": "g", "uuid": UUID, "sharing": "mps", "tenants": 1}]}, "below 2"),
         ({"gpus": [{"name": "g", "uuid": UUID, "sharing": "mps", "tenants": 49}]}, "above 48"),
         ({"gpus": [{"name": "g", "uuid": UUID, "sharing": "mps", "tenants": 2, "tenant": 1}]}, "not a known key"),

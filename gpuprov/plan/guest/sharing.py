@@ -142,6 +142,13 @@ def supervisor_script(gpu: GpuSharing, row: GpuRow, limits: Limits, folder: str,
     """The entry's supervisor: every value in it comes from the validated declaration or a GPU's UUID
     checked against its pattern, so nothing read from the guest is run."""
     bindir = control.rsplit("/", 1)[0]
+    # Who may connect: the control socket and the server's shared memory are reached through these folders.
+    if gpu.clients_group:
+        group = gpu.clients_group
+        access = f'chgrp {group} "$DIR/pipe" "$DIR/shm" && chmod 0750 "$DIR/pipe" && chmod 1770 "$DIR/shm" || exit 1'
+    else:
+        access = 'chmod 0755 "$DIR/pipe" && chmod 1777 "$DIR/shm" || exit 1'
+    mounted_mode = "1770" if gpu.clients_group else "1777"
     return f"""#!/bin/sh
 # gpuprov: the MPS daemon of GPU entry {gpu.name} ({row.uuid}); written by gpuprov.kvm.guest_sharing, do not edit.
 #   run     keep nvidia-cuda-mps-control running for this GPU alone (started again after a crash), with
@@ -204,10 +211,12 @@ stop() {{
 
 run() {{
   mkdir -p "$DIR/pipe" "$DIR/log" "$DIR/shm" || exit 1
-  chmod 0755 "$DIR" "$DIR/pipe" && chmod 1777 "$DIR/shm"
+  chmod 0755 "$DIR" || exit 1
+  {access}
   if [ "${{GPUPROV_MPS_NAMESPACE:-}}" != 1 ]; then
     exec >>"$DIR/log/supervisor.log" 2>&1 </dev/null
-    mountpoint -q "$DIR/shm" || mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$DIR/shm" || exit 1
+    mountpoint -q "$DIR/shm" || mount -t tmpfs -o mode={mounted_mode},nosuid,nodev tmpfs "$DIR/shm" || exit 1
+    {access}
     GPUPROV_MPS_NAMESPACE=1 exec unshare --mount --propagation private "$0" run
   fi
   mount --bind "$DIR/shm" /dev/shm || {{ say "cannot mount $DIR/shm on /dev/shm"; exit 1; }}
