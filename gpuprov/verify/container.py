@@ -137,7 +137,13 @@ def run_gpu_container(engine: DockerEngine, image: str | None, *, timeout: float
 
 def _bench_source() -> str:
     """gpuprov.verify.bench's own source (also from inside a module's zip), run in the container as a script."""
-    name = __name__.rsplit(".", 1)[0] + ".bench"
+    return module_source("bench")
+
+
+def module_source(module: str) -> str:
+    """The source of gpuprov.verify's ``module`` through its loader (also from inside an AnsiballZ zip):
+    what a container runs as a script."""
+    name = __name__.rsplit(".", 1)[0] + "." + module
     spec = importlib.util.find_spec(name)
     loader = spec.loader if spec is not None else None
     source = loader.get_source(name) if loader is not None and hasattr(loader, "get_source") else None

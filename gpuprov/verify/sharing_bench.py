@@ -12,7 +12,6 @@ ships to targets as module_utils (torch lives in the containers only).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..facts.docker_api import ContainerSpec, DockerEngine, EngineError, run_container
-from .container import CONTAINER_PATH
+from .container import CONTAINER_PATH, module_source
 
 TENANT_MOUNT = "/opt/gpuprov-tenant"
 SCRIPT = "tenant_load.py"
@@ -45,14 +44,8 @@ class Tenant:
 
 
 def tenant_source() -> str:
-    """gpuprov.verify.tenant_load's own source, through its loader: also from inside an AnsiballZ zip."""
-    name = __name__.rsplit(".", 1)[0] + ".tenant_load"
-    spec = importlib.util.find_spec(name)
-    loader = spec.loader if spec is not None else None
-    source = loader.get_source(name) if loader is not None and hasattr(loader, "get_source") else None
-    if not source:
-        raise OSError(f"cannot read {name}'s source")
-    return source
+    """gpuprov.verify.tenant_load's own source: what each tenant container runs."""
+    return module_source("tenant_load")
 
 
 def last_json(output: str) -> dict[str, Any] | None:
