@@ -12,6 +12,7 @@ Standard library only (ships to targets with the modules).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -77,7 +78,7 @@ class SharingFacts:
 def pci_from_smi(text: str) -> str:
     """nvidia-smi's ``00000000:00:06.0`` -> ``0000:00:06.0``."""
     value = text.strip().lower()
-    domain, _, rest = value.partition(":")
+    domain, _colon, rest = value.partition(":")
     if len(domain) == 8 and domain.startswith("0000"):
         domain = domain[4:]
     return f"{domain}:{rest}"
@@ -88,7 +89,7 @@ def _number(text: str) -> float | None:
         value = float(text)
     except ValueError:
         return None
-    return value if value == value and abs(value) < 1e12 else None  # not NaN, bounded
+    return value if math.isfinite(value) and abs(value) < 1e12 else None
 
 
 def parse_gpu_rows(text: str) -> list[GpuRow]:

@@ -190,7 +190,7 @@ def overlap(answers: Sequence[dict[str, Any] | str]) -> float | None:
     spans = [(a.get("started"), a.get("ended")) for a in answers if isinstance(a, dict)]
     if not spans or len(spans) != len(answers) or not all(isinstance(x, (int, float)) for s in spans for x in s):
         return None
-    return round(max(0.0, min(e for _, e in spans) - max(s for s, _ in spans)), 3)
+    return round(max(0.0, min(end for _start, end in spans) - max(start for start, _end in spans)), 3)
 
 
 def measure_memory(engine: DockerEngine, image: str, site: str, tenant: Tenant, ask_mib: int) -> dict[str, Any]:
