@@ -21,6 +21,8 @@ MAX_TENANTS = 48  # an MPS server's client limit on Volta and later (CUDA's MPS 
 MAX_GPU_MEMORY_MIB = 1 << 20  # 1 TiB: above any GPU's memory
 DEFAULT_RESERVE_MIB = 2048  # kept back from the tenants: the MPS server's and each client's context
 DEFAULT_MPS_ROOT = "/run/gpuprov/mps"  # per GPU: pipe/, log/, shm/ (the daemon's /dev/shm)
+# A unix socket's path has at most 107 bytes (sun_path): ROOT/NAME/pipe/control_privileged, NAME 32 at most.
+MAX_MPS_ROOT = 107 - 1 - 32 - len("/pipe/control_privileged")
 
 _NAME = "^[a-z][a-z0-9_-]{0,31}$(?!\\n)"
 _PCI = "^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[01][0-9a-fA-F]\\.[0-7]$(?!\\n)"
@@ -53,10 +55,11 @@ GUEST_DEFS: dict[str, Any] = {
             },
             "mps_root": {
                 "type": "string",
-                "maxLength": 200,
+                "maxLength": MAX_MPS_ROOT,
                 "pattern": _MPS_ROOT,
                 "description": "where the MPS daemons keep their pipes, logs and shared memory (a folder per GPU "
-                f"entry), an absolute path of letters, digits, _ . -; default {DEFAULT_MPS_ROOT}",
+                f"entry), an absolute path of letters, digits, _ . -, at most {MAX_MPS_ROOT} characters (the "
+                f"daemon's sockets go below it, and a socket's path has at most 107); default {DEFAULT_MPS_ROOT}",
             },
         },
         "a guest's declaration: gpuprov_guest {version, gpus, mps_root}",

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import grp
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,13 +41,17 @@ def _ask(control: Path, folder: Path, command: str) -> str:
 
 
 @pytest.fixture
-def supervised(tmp_path: Path, request):
-    control = fakemps.write(tmp_path / "bin")
+def supervised(request):
+    # Under /tmp, whatever TMPDIR is: a short root (the daemon's sockets go below it, 107 bytes a socket path
+    # at most), and one whose programs may run (test.sh's TMPDIR is a tmpfs in /dev/shm, mounted noexec).
+    root = Path(tempfile.mkdtemp(prefix="gpuprov-mps-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
+    control = fakemps.write(root / "bin")
     entry = {"name": "gpu0", "uuid": ROW.uuid, "sharing": "mps", "tenants": 4, **getattr(request, "param", {})}
-    decl, problems = parse_guest({"gpus": [entry], "mps_root": str(tmp_path / "run")})
+    decl, problems = parse_guest({"gpus": [entry], "mps_root": str(root / "run")})
     assert decl is not None and not problems
-    folder = tmp_path / "run" / "gpu0"
-    script = tmp_path / "gpuprov-mps-gpu0"
+    folder = root / "run" / "gpu0"
+    script = root / "gpuprov-mps-gpu0"
     script.write_text(supervisor_script(decl.gpus[0], ROW, Limits(25, 34816), str(folder), str(control)))
     script.chmod(0o755)
     subprocess.run(["setsid", "-f", str(script), "run"], check=True, timeout=30)
