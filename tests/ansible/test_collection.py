@@ -39,6 +39,7 @@ MODULES = sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py"))
 ROLES = [
     "gpu_vms",
     "guest_container_toolkit",
+    "guest_gpu_sharing",
     "guest_nvidia_driver",
     "host_drain",
     "host_model",
