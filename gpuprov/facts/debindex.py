@@ -252,10 +252,12 @@ def _members(data: bytes, path: str) -> dict[str, bytes]:
     while i + 60 <= len(data):
         header = data[i : i + 60]
         name = header[:16].decode("ascii", "replace").strip().rstrip("/")
-        try:
-            size = int(header[48:58].decode("ascii").strip())
-        except ValueError as exc:
-            raise DebError(f"{path}: a broken ar member header") from exc
+        # ar's size is decimal digits, space-padded, and each header ends "`\n": anything else (a sign, a
+        # negative size that would never move past this header) is a broken archive.
+        field = header[48:58].strip()
+        if not field.isdigit() or header[58:60] != b"`\n" or i + 60 + int(field) > len(data):
+            raise DebError(f"{path}: a broken ar member header at byte {i}")
+        size = int(field)
         out[name] = data[i + 60 : i + 60 + size]
         i += 60 + size + (size & 1)
     return out

@@ -123,3 +123,16 @@ def test_a_file_over_the_cap_is_refused(tmp_path: Path) -> None:
         read_regular(str(big), limit=1024)
     with pytest.raises(DebError, match="no ar header"):
         control_fields(b"not an ar archive", "x.deb")
+
+
+@pytest.mark.parametrize(
+    "size",
+    [b"-60       ", b"+4        ", b"4 4       ", b"99999     "],
+    ids=["negative", "signed", "two numbers", "past the end"],
+)
+def test_a_broken_ar_member_size_is_refused_not_looped_on(tmp_path: Path, size: bytes) -> None:
+    """A negative member size once kept the reader on the same header forever (issue 49)."""
+    header = b"control.tar/    0           0     0     100644  " + size + b"`\n"
+    (tmp_path / "bad_1_amd64.deb").write_bytes(b"!<arch>\n" + header + b"abcd")
+    index, problems = offline_index(str(tmp_path))
+    assert index == "" and len(problems) == 1 and "a broken ar member header at byte 8" in problems[0]
