@@ -15,6 +15,7 @@ import pytest
 from gpuprov.core.plan import WRITE_SYSFS, Action, Refusal
 from gpuprov.facts.drain import (
     MAX_RECORD_CHARS,
+    MAX_STOPPED,
     RECORD,
     DrainRecord,
     RecordError,
@@ -136,6 +137,20 @@ def test_a_second_drain_adds_to_the_record_and_an_unchanged_one_writes_nothing()
     assert [d.uuid for d in parse_record(str(plan.actions[0].content)).stopped] == [U1, U2]
     again = plan_drain([dom("a", U1)], Disruption(reboot=True), {"a": "shutdown"}, "refuse", {}, old)
     assert [d.name for d in again.stop] == ["a"] and not again.actions
+
+
+def test_a_drain_never_writes_a_record_its_restore_would_refuse() -> None:
+    """A record already at the most domains it may hold: one more would be written, then the restore
+    would refuse the whole record and start none of the VMs again (issue 49). The drain refuses first."""
+    full = DrainRecord(
+        stopped=[StoppedDomain(f"vm{i}", f"10000000-0000-4000-8000-{i:012d}") for i in range(MAX_STOPPED)],
+        reason="earlier",
+    )
+    parse_record(record_text(full))  # what is there reads back
+    plan = plan_drain([dom("b", U2)], Disruption(reboot=True, why=["reboot"]), {"b": "shutdown"}, "refuse", {}, full)
+    assert plan.actions == [] and plan.stop == []
+    assert f"{MAX_STOPPED} domains are recorded already and 1 more would stop" in plan.refusals[0].message
+    assert plan.refusals[0].fix.startswith("restore the VMs of the earlier drain first")
 
 
 def test_restore_starts_exactly_the_recorded_shut_off_domains_by_uuid() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...core.plan import REMOVE_FILE, WRITE_FILE, WRITE_SYSFS, Action, Plan, Refusal
 from ...core.vm_spec import DRAINS
-from ...facts.drain import RECORD, DrainRecord, StoppedDomain, name_ok, record_text
+from ...facts.drain import RECORD, DrainRecord, RecordError, StoppedDomain, name_ok, parse_record, record_text
 from ...facts.evidence import IN_USE
 from ...facts.libvirt import DomainState
 from ...inputs.vgpu_request import VgpuPlan
@@ -225,10 +225,22 @@ def plan_drain(
     new = [StoppedDomain(d.name, d.uuid) for d in plan.stop if d.uuid not in old.uuids()]
     if new:
         merged = DrainRecord(stopped=old.stopped + new, reason="; ".join(disruption.why))
+        text = record_text(merged)
+        try:
+            parse_record(text)  # a drain never writes what its restore would refuse to read back
+        except RecordError as exc:
+            plan.stop, plan.force, plan.reasons = [], [], {}
+            plan.refusals.append(
+                Refusal(
+                    f"the drain record would not read back ({exc}): {len(old.stopped)} domains are recorded "
+                    f"already and {len(new)} more would stop; the host is skipped, nothing changed",
+                    "restore the VMs of the earlier drain first (playbooks/hosts.yml, role host_drain's restore), "
+                    "then run again",
+                )
+            )
+            return plan
         before = None if record is None else record_text(record)
-        plan.actions.append(
-            Action(WRITE_FILE, "the VMs the drain stops, started again after", RECORD, record_text(merged), before)
-        )
+        plan.actions.append(Action(WRITE_FILE, "the VMs the drain stops, started again after", RECORD, text, before))
     return plan
 
 
