@@ -230,7 +230,8 @@ def parse_log_events(text: str) -> dict[str, dict[str, list[dict[str, Any]]]]:
 def _smi_int(node: ET.Element | None, path: str) -> int | None:
     found = None if node is None else node.find(path)
     text = None if found is None or found.text is None else found.text.strip()
-    return int(text) if text and text.isdigit() else None
+    number = parse_int(text)
+    return number if number is not None and number >= 0 else None
 
 
 def _sum(values: list[int | None]) -> int | None:

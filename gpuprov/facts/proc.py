@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import os
 
-from .sysfs import Sysfs
+from .sysfs import Sysfs, parse_int
 
 
 def boot_time(sysfs: Sysfs) -> float | None:
     """When the host booted (``btime``), None when unreadable."""
     for line in sysfs.read_lines("proc/stat"):
         if line.startswith("btime "):
-            try:
-                return float(line.split()[1])
-            except (IndexError, ValueError):
-                return None
+            seconds = parse_int(line.split()[1]) if len(line.split()) > 1 else None
+            return None if seconds is None or seconds < 0 else float(seconds)
     return None
 
 
@@ -34,7 +32,10 @@ def process_started(sysfs: Sysfs, pid: str, boot: float | None = None) -> float 
         return None
     # After the command name (which may hold spaces and parentheses): fields[0] is field 3.
     fields = text.rsplit(")", 1)[1].split()
+    ticks = parse_int(fields[19]) if len(fields) > 19 else None
+    if ticks is None or ticks < 0:
+        return None
     try:
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (IndexError, ValueError, OSError):
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError):
         return None

@@ -68,12 +68,20 @@ _SPECIAL = ("", ".", "..")
 _NAME = operator.attrgetter("name")
 
 
+MAX_INT_CHARS = 24  # a 64-bit counter is 20 digits (a sign, "0x" and spaces around): a longer one is no host's
+
+
 def parse_int(text: str | None, base: int = 10) -> int | None:
-    """``int(text, base)``, or ``None`` for a missing or malformed value."""
-    if text is None:
+    """``int(text, base)`` for a number a host wrote (sysfs, procfs, nvidia-smi), or ``None`` for a
+    missing or malformed one: ASCII only (``isdigit`` takes superscripts, which ``int`` refuses) and
+    bounded in length (a 5,000-digit counter is over Python's int limit; a 400-digit one overflows a float)."""
+    if text is None or len(text) > MAX_INT_CHARS * 4:
+        return None
+    value = text.strip()
+    if not value or len(value) > MAX_INT_CHARS or not value.isascii():
         return None
     try:
-        return int(text, base)
+        return int(value, base)
     except ValueError:
         return None
 

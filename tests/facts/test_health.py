@@ -213,3 +213,12 @@ def test_what_health_says(values: dict[str, Any], codes: list[str], worst: str) 
     assert sorted(f["code"] for f in found) == sorted(codes)
     assert status(found) == worst
     assert all(f["fix"] for f in found if f["severity"] == "fail")
+
+
+@pytest.mark.parametrize(
+    "count", ["\u00b2", "9" * 5000, "-1", "0x10"], ids=["superscript", "5000 digits", "neg", "hex"]
+)
+def test_a_hostile_counter_is_unknown_never_an_exception(count: str) -> None:
+    """Superscript digits pass isdigit() and crash int(); 5,000 digits exceed Python's int limit (issue 49)."""
+    text = SMI_OLD.replace("<single_bit><total>7</total>", f"<single_bit><total>{count}</total>")
+    assert parse_smi_memory(text)["0000:81:00.0"]["ecc"]["volatile_corrected"] is None

@@ -113,3 +113,12 @@ def test_the_leases_taken_before_the_boot_are_stale(tmp_path: Path) -> None:
     (tmp_path / "run/libvirt/qemu/vm.pid").write_text("4242")
     infinite = FakeConn(FakeNetwork(NETWORK.format("<lease expiry='0'/>"), held))
     assert facts_libvirt.leases_before_boot(infinite, Sysfs(str(tmp_path)), "vm", "n", MAC) == []
+
+
+@pytest.mark.parametrize(
+    "ticks", ["9" * 400, "1" * 5000, "\u00b2\u00b3", "-5"], ids=["400 digits", "5000", "sup", "neg"]
+)
+def test_a_hostile_start_time_is_unknown_never_an_exception(tmp_path: Path, ticks: str) -> None:
+    """A 400-digit start time once raised OverflowError (issue 49): one bounded reader of host numbers."""
+    stage(tmp_path, start_ticks=ticks)  # type: ignore[arg-type]
+    assert process_started(Sysfs(str(tmp_path)), "4242") is None
