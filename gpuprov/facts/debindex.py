@@ -26,6 +26,17 @@ from .files import read_regular as read_regular_file
 DEB_NAME = re.compile(r"[a-z0-9][a-z0-9.+-]{1,127}")
 DEB_VERSION = re.compile(r"(?:[0-9]{1,9}:)?[0-9][A-Za-z0-9.+~-]{0,127}")
 DEB_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+~_%-]{0,250}\.deb")
+# A package file gpuprov copies from the controller to a guest: a plain name in the directory, never a path.
+PACKAGE_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+~_%-]{0,250}\.(?:deb|rpm)")
+# apt's own fields of a Packages index: a package's control file that carries them is lying about where it is.
+INDEX_FIELDS = ("Filename", "Size", "SHA256", "SHA1", "SHA512", "MD5sum")
+
+
+def package_file_ok(name: str) -> bool:
+    """Whether ``name`` may be copied from the offline directory to a guest (the one check of those names)."""
+    return isinstance(name, str) and PACKAGE_FILE.fullmatch(name) is not None
+
+
 SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_DEB = 512 << 20  # one package file
 MAX_CONTROL = 1 << 20  # a control member, uncompressed
@@ -322,7 +333,7 @@ def offline_index(directory: str, control: object = None) -> tuple[str, list[str
         if not name.endswith(".deb"):
             continue
         path = os.path.join(directory, name)
-        if not DEB_FILE.fullmatch(name):
+        if not DEB_FILE.fullmatch(name) or not package_file_ok(name):
             problems.append(f"{path}: not a package file name (letters, digits, . + ~ _ % -, not starting with -)")
             continue
         try:
@@ -339,6 +350,10 @@ def offline_index(directory: str, control: object = None) -> tuple[str, list[str
         fields = parse_stanzas(text)
         if not fields or not DEB_NAME.fullmatch(fields[0].get("Package", "")):
             problems.append(f"{path}: its control file names no valid package")
+            continue
+        lying = sorted(k for k in fields[0] if k in INDEX_FIELDS)
+        if lying:
+            problems.append(f"{path}: its control file carries the index's own fields ({', '.join(lying)})")
             continue
         body = text.strip("\n")
         if "\n\n" in body or any(c in body for c in "\r\0"):

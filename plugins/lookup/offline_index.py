@@ -45,7 +45,11 @@ import subprocess
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.debindex import DebError, offline_index
+from ansible_collections.gpuprov.kvm.plugins.module_utils.gpuprov.facts.debindex import (
+    DebError,
+    offline_index,
+    package_file_ok,
+)
 
 
 def _dpkg_deb(path: str) -> str:
@@ -63,4 +67,5 @@ class LookupModule(LookupBase):
             raise AnsibleLookupError("offline_index takes one directory")
         index, problems = offline_index(terms[0], control=_dpkg_deb)
         files = [line.split("./", 1)[1] for line in index.splitlines() if line.startswith("Filename: ./")]
+        files = [name for name in files if package_file_ok(name)]  # what the role copies: a plain name only
         return [{"index": index, "files": files, "problems": problems}]

@@ -16,6 +16,7 @@ from gpuprov.facts.debindex import (
     installed_set,
     missing_dependencies,
     offline_index,
+    package_file_ok,
     parse_depends,
     read_regular,
 )
@@ -136,3 +137,52 @@ def test_a_broken_ar_member_size_is_refused_not_looped_on(tmp_path: Path, size: 
     (tmp_path / "bad_1_amd64.deb").write_bytes(b"!<arch>\n" + header + b"abcd")
     index, problems = offline_index(str(tmp_path))
     assert index == "" and len(problems) == 1 and "a broken ar member header at byte 8" in problems[0]
+
+
+def _deb(control: str) -> bytes:
+    """A .deb as dpkg-deb builds one: ar with debian-binary, control.tar (uncompressed), data.tar."""
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        body = control.encode()
+        info = tarfile.TarInfo("./control")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+
+    def member(name: str, data: bytes) -> bytes:
+        header = f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}".encode() + b"`\n"
+        return header + data + (b"\n" if len(data) % 2 else b"")
+
+    return (
+        b"!<arch>\n"
+        + member("debian-binary", b"2.0\n")
+        + member("control.tar", raw.getvalue())
+        + member("data.tar", b"")
+    )
+
+
+def test_a_package_naming_its_own_file_is_refused_and_never_listed(tmp_path: Path) -> None:
+    """A control stanza with its own Filename: once added that path to the files the role copies from the
+    controller (issue 49): a hostile package could name any controller file."""
+    (tmp_path / "evil_1_amd64.deb").write_bytes(_deb("Package: evil\nVersion: 1\nFilename: ../../etc/shadow\n"))
+    (tmp_path / "good_1_amd64.deb").write_bytes(_deb("Package: good\nVersion: 1\n"))
+    index, problems = offline_index(str(tmp_path))
+    assert problems == [f"{tmp_path}/evil_1_amd64.deb: its control file carries the index's own fields (Filename)"]
+    assert [line for line in index.splitlines() if line.startswith("Filename")] == ["Filename: ./good_1_amd64.deb"]
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("../../etc/shadow.rpm", False),
+        ("/etc/passwd.rpm", False),
+        ("-x.rpm", False),
+        ("a\nb.deb", False),
+        ("docker-ce-27.1.1-1.el9.x86_64.rpm", True),
+        ("docker.io_20.10.24+dfsg1-1_amd64.deb", True),
+    ],
+)
+def test_one_check_of_the_names_copied_to_a_guest(name: str, ok: bool) -> None:
+    assert package_file_ok(name) is ok

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from ...core.plan import COMMAND, WRITE_FILE, Action, Plan, Refusal, file_action
 from ...facts.boundedjson import loads_bounded
 from ...facts.containers import DAEMON_JSON, DOCKER_PIDFILE, Toolkit
-from ...facts.debindex import DEB_FILE, DEB_NAME, index_set, missing_dependencies
+from ...facts.debindex import DEB_NAME, index_set, missing_dependencies, package_file_ok
 from ...facts.gpus import GpuInfo, GpuList
 from ...facts.guest_toolkit import (
     APT_SOURCE,
@@ -160,7 +160,7 @@ def option_problems(opts: GuestToolkitOptions, *, rpm: bool) -> list[Refusal]:
             normalize_address(address)
         except PciAddressError as exc:
             out.append(Refusal(f"cdi_gpus: {exc}", "name the host's GPUs by full PCI address"))
-    bad = [n for n in opts.offline_names or [] if not DEB_FILE.fullmatch(n) and not n.endswith(".rpm")]
+    bad = [n for n in opts.offline_names or [] if not package_file_ok(n)]
     if bad:
         out.append(
             Refusal(
