@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import socket
+import threading
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -80,8 +81,20 @@ class DockerEngine:
     timeout: float = 30.0
 
     def call(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
-        """One request; the decoded JSON answer (or the raw bytes when it is not JSON)."""
-        conn = _UnixConnection(self.socket_path, timeout or self.timeout)
+        """One request; the decoded JSON answer (or the raw bytes when it is not JSON). ``timeout`` bounds
+        the whole exchange, not each read: an engine that answers a byte at a time is cut off at it."""
+        limit = timeout or self.timeout
+        conn = _UnixConnection(self.socket_path, limit)
+        expired = threading.Event()
+
+        def cut_off() -> None:  # from the timer's thread: a read blocked on the socket ends at once
+            expired.set()
+            with contextlib.suppress(OSError, AttributeError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(limit, cut_off)
+        timer.daemon = True
+        timer.start()
         try:
             headers = {"Host": "docker"}
             data = None
@@ -93,9 +106,14 @@ class DockerEngine:
             raw = response.read(MAX_ANSWER + 1)
             status = response.status
         except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set():
+                raise EngineError(f"the Docker engine did not answer {method} {path} within {limit:g} s") from exc
             raise EngineError(f"no answer from the Docker engine at {self.socket_path} ({exc})") from exc
         finally:
+            timer.cancel()
             conn.close()
+        if expired.is_set():
+            raise EngineError(f"the Docker engine did not answer {method} {path} within {limit:g} s")
         if len(raw) > MAX_ANSWER:
             raise EngineError(f"the Docker engine's answer to {method} {path} is over {MAX_ANSWER} bytes")
         kind = response.getheader("Content-Type") or ""
