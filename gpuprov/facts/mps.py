@@ -33,6 +33,7 @@ SERVER_QUERIES = ("get_active_thread_percentage {pid}", "get_device_pinned_mem_l
 TIMEOUT = 10.0
 STATE_FILE = "etc/gpuprov/guest-sharing.json"  # the sharing gpuprov applied: what gpuprov verify checks against
 MAX_PIDS = 4096  # processes looked at under /proc
+GPU_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
 @dataclass
@@ -100,6 +101,8 @@ def parse_gpu_rows(text: str) -> list[GpuRow]:
         cells = [c.strip() for c in line.split(",")]
         if len(cells) != 8 or not cells[0].isascii() or not cells[0].isdigit() or len(cells[0]) > 4:
             continue
+        if not GPU_UUID.fullmatch(cells[1]):
+            continue  # a UUID goes into the supervisor script and the CDI spec: only the form NVIDIA writes
         memory = _number(cells[3])
         rows.append(
             GpuRow(

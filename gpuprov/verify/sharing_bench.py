@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -26,6 +27,8 @@ from ..facts.docker_api import ContainerSpec, DockerEngine, EngineError, run_con
 from .container import CONTAINER_PATH, module_source
 
 TENANT_MOUNT = "/opt/gpuprov-tenant"
+# A tenant's device as the sharing record names it: a GPU's UUID, or a CDI name (nvidia.com/gpu=ENTRY-TENANT).
+CDI_DEVICE = re.compile(r"(?:[a-z0-9.-]{1,63}/[a-z0-9.-]{1,63}=)?[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 SCRIPT = "tenant_load.py"
 STARTUP_S = 180.0  # a container's start, torch's import and CUDA's start-up, on top of what it measures
 
@@ -267,7 +270,11 @@ def measure_declared(
     device the record names for it) alone and side by side, the first one asking for 2 GiB past its memory
     share, and with two tenants or more the first one's small-kernel latency beside the second one's big
     matmuls. ``whole``: the guest's own matmul on that GPU (8192^3, unrestricted), each share's denominator."""
-    tenants = [t for t in entry.get("tenants") or [] if isinstance(t, dict) and isinstance(t.get("device"), str)]
+    tenants = [
+        t
+        for t in (entry.get("tenants") or [])[:64]
+        if isinstance(t, dict) and isinstance(t.get("device"), str) and CDI_DEVICE.fullmatch(t["device"])
+    ]
     chosen = [Tenant(str(t.get("name")), t["device"]) for t in tenants[:8]]
     out: dict[str, Any] = {"name": entry.get("name"), "whole": whole, "tenants": {}}
     if not chosen:

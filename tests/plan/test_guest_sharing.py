@@ -291,8 +291,8 @@ def test_the_declaration_is_part_of_the_one_schema() -> None:
 
 
 def test_facts_read_nvidia_smi_rows_and_sizes() -> None:
-    rows = parse_gpu_rows("0, GPU-1, 00000000:00:06.0, 143771, Default, 9.0, NVIDIA H200, 580.159.04\nbad line\n")
-    assert rows == [GpuRow(0, "GPU-1", "0000:00:06.0", 143771, "Default", 9.0, "NVIDIA H200", "580.159.04")]
+    rows = parse_gpu_rows(f"0, {UUID}, 00000000:00:06.0, 143771, Default, 9.0, NVIDIA H200, 580.159.04\nbad line\n")
+    assert rows == [GpuRow(0, UUID, "0000:00:06.0", 143771, "Default", 9.0, "NVIDIA H200", "580.159.04")]
     assert [mib(t) for t in ("4G", "4096M", "35430M", "35430.0M", "1073741824", "junk", "9" * 40)] == [
         4096,
         4096,
@@ -302,3 +302,9 @@ def test_facts_read_nvidia_smi_rows_and_sizes() -> None:
         None,
         None,
     ]
+
+
+def test_a_gpu_uuid_that_is_not_nvidias_form_is_no_gpu() -> None:
+    """A UUID from nvidia-smi goes into the supervisor script: anything but NVIDIA's form is skipped."""
+    line = "0, GPU-1;reboot, 00000000:00:06.0, 143771, Default, 9.0, H200, 580\n"
+    assert parse_gpu_rows(line) == []
