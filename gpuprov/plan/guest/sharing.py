@@ -464,7 +464,7 @@ def _command(argv: list[str], why: str) -> Action:
 def _remove(p: Plan, facts: SharingFacts, name: str, state: MpsState) -> None:
     script = script_path(name)
     unit = facts.files.get(unit_path(name))
-    if unit is not None:
+    if unit is not None and facts.systemd:
         p.actions.append(
             _command(["systemctl", "disable", "--now", unit_name(name)], f"{name} is no longer shared by MPS")
         )
