@@ -170,6 +170,7 @@ say() {{ echo "$(date '+%F %T') $*" >>"$DIR/log/supervisor.log"; }}
 limits() {{  # tried until the daemon answers (a socket left by a killed one may be there before it listens)
   i=0
   until set_limits 2>/dev/null; do
+    [ "${{stopping:-0}}" = 1 ] && return 1  # told to stop meanwhile
     i=$((i + 1)); [ $i -gt 200 ] && {{ say "the daemon did not answer in 20 s: limits not applied"; return 1; }}
     sleep 0.1
   done
@@ -202,6 +203,7 @@ stop() {{
   [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null
   i=0
   while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $i -lt 300 ]; do i=$((i + 1)); sleep 0.1; done
+  [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null  # still there after 30 s: a stop always ends it
   [ -S "$DIR/pipe/control" ] && echo quit | timeout 10 "$CONTROL" >/dev/null 2>&1
   i=0
   while [ -n "$(leftovers)" ] && [ $i -lt 100 ]; do i=$((i + 1)); sleep 0.1; done
@@ -233,6 +235,7 @@ run() {{
     limits
     while kill -0 "$daemon" 2>/dev/null; do wait "$daemon"; done
     [ "$stopping" = 1 ] && break
+    [ -d "$DIR/log" ] || exit 1  # the folder removed under it: nothing to serve, nothing to log to
     say "nvidia-cuda-mps-control ended: starting it again"
     sleep 1
   done
