@@ -124,5 +124,5 @@ def test_stop_ends_a_supervisor_whose_daemon_never_starts(supervised) -> None:
     time.sleep(1.5)  # inside its wait for the daemon's socket
     started = time.monotonic()
     subprocess.run([str(script), "stop"], check=True, timeout=60)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 25  # ended by its TERM, not by the kill 30 s on
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
