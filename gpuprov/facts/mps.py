@@ -253,9 +253,13 @@ def read_sharing(sysfs: Sysfs, mps_root: str, names: list[str], *, gpus: bool = 
 
 
 def read_record(sysfs: Sysfs) -> dict[str, Any] | None:
-    """The record guest_sharing wrote (untrusted on read: bounded, and each field checked by its reader);
-    None when there is none or it does not read as a JSON object."""
-    text = sysfs.read_text(STATE_FILE)
+    """The record guest_sharing wrote, read through ``sysfs`` (:func:`parse_record`)."""
+    return parse_record(sysfs.read_text(STATE_FILE))
+
+
+def parse_record(text: str | None) -> dict[str, Any] | None:
+    """The record's text (untrusted on read: bounded, and each field checked by its reader); None when
+    there is none or it does not read as a JSON object."""
     if not text:
         return None
     try:

@@ -30,7 +30,7 @@ from typing import Any
 
 from ...core.plan import COMMAND, Action, Plan, Refusal, file_action
 from ...facts.boundedjson import BoundedJsonError, loads_bounded
-from ...facts.mps import STATE_FILE, GpuRow, MpsState, SharingFacts, script_path
+from ...facts.mps import STATE_FILE, GpuRow, MpsState, SharingFacts, parse_record, script_path
 from ...inputs.sharing import GpuSharing, GuestSharing
 from .toolkit import CDI_STAGING
 
@@ -359,7 +359,7 @@ def plan_sharing(
     """Facts + declaration -> what to do (``staged_now``: nvidia-ctk's JSON spec was made in this run)."""
     out = SharingPlan()
     p = out.plan
-    old_record = _record(facts.files.get(STATE_FILE))
+    old_record = parse_record(facts.files.get(STATE_FILE)) or {}
     set_by_us = set(old_record.get("compute_mode_set") or [])
     mps: list[tuple[GpuSharing, GpuRow, Limits, str]] = []
     declared_mps = [g for g in decl.gpus if g.sharing == "mps"]
@@ -450,14 +450,6 @@ def plan_sharing(
     if action is not None:
         p.actions.append(action)
     return out
-
-
-def _record(text: str | None) -> dict[str, Any]:
-    try:
-        value = loads_bounded(text or "", max_chars=1 << 20)
-    except BoundedJsonError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _command(argv: list[str], why: str) -> Action:
