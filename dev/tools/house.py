@@ -54,6 +54,8 @@ ALLOWED_WRITERS = {
     "gpuprov/facts/gpus.py": "runs `nvidia-smi -q -x` (a read)",
     "gpuprov/facts/mps.py": "runs `nvidia-smi --query-gpu` and the MPS control daemon's get_* queries (reads; "
     "facts.mps.QUERIES is the whole list, any other refused)",
+    "gpuprov/cli/bounded.py": "runs a reader of untrusted input (Ansible's loader, ansible-playbook over a fleet) as a "
+    "child bounded in time, memory and output; the child writes only its own temporary stdout and stderr",
     "gpuprov/cli/capture.py": "runs the capture's read-only commands (lspci, dmesg...) into the tarball it writes",
     # The command line's own output, where the user asked for it.
     "gpuprov/cli/topology.py": "writes the SVG picture to the path given with --svg",

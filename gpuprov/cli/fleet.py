@@ -11,6 +11,11 @@ callback, at the forks the user gives (else Ansible's own setting), and puts the
 together: each host's record, and each host that gave none listed as ``unreachable`` or
 ``failed`` with Ansible's message, never dropped. A host with ``gpuprov_root`` (a staged root
 of a capture, ``ansible_connection: local``) is read below that root: a dry-run member.
+
+Bounded: the inventory is checked before Ansible reads it (:func:`gpuprov.cli.inventory.check_sources`),
+ansible-playbook runs in its own process group, killed past ``--time-limit``, each host's task past
+``ANSIBLE_TASK_TIMEOUT`` (:data:`TASK_TIMEOUT` unless set: that host is ``failed``, the others are
+reported), its output read up to :data:`MAX_OUTPUT` bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +35,11 @@ PLAYBOOK = "gpuprov.kvm.fleet_report"
 CALLBACK = "ansible.posix.json"
 # A checkout's own collection (dev/tools/build_collection.py assembles it there).
 CHECKOUT_COLLECTIONS = Path(__file__).resolve().parents[2] / "build" / "collections"
+TIME_LIMIT = 3600  # seconds for the whole play (--time-limit)
+TASK_TIMEOUT = 600  # seconds for one host's reading task, unless ANSIBLE_TASK_TIMEOUT says otherwise
+MAX_OUTPUT = 1 << 30
+MEMORY = 8 << 30  # address space of each Ansible process
+STDERR_SHOWN = 4000
 
 
 def ansible_playbook() -> str:
@@ -50,6 +59,7 @@ def environment() -> dict[str, str]:
     env["ANSIBLE_STDOUT_CALLBACK"] = CALLBACK
     env.setdefault("ANSIBLE_NOCOLOR", "1")
     env.setdefault("ANSIBLE_RETRY_FILES_ENABLED", "False")
+    env.setdefault("ANSIBLE_TASK_TIMEOUT", str(TASK_TIMEOUT))
     if (
         "ANSIBLE_COLLECTIONS_PATH" not in env
         and (CHECKOUT_COLLECTIONS / "ansible_collections" / "gpuprov" / "kvm").is_dir()
@@ -129,22 +139,37 @@ def records(output: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def run_play(args: argparse.Namespace) -> dict[str, Any]:
+    from .bounded import OutputTooLarge, TimedOut, run_bounded
+
     cmd = command(args)
     try:
-        proc = subprocess.run(cmd, env=environment(), capture_output=True, text=True, check=False)
+        done = run_bounded(
+            cmd, env=environment(), time_limit=args.time_limit, memory_bytes=MEMORY, output_bytes=MAX_OUTPUT
+        )
+    except TimedOut:
+        raise UsageError(
+            f"ansible-playbook did not finish in {args.time_limit} s and was stopped: give --time-limit more "
+            "seconds for a fleet this large, or fewer hosts (-l)"
+        ) from None
+    except OutputTooLarge:
+        raise UsageError(
+            f"ansible-playbook printed more than {MAX_OUTPUT} bytes: report fewer hosts at once (-l)"
+        ) from None
     except OSError as exc:
         raise UsageError(f"ansible-playbook could not run: {exc}") from None
+    stdout = done.stdout.decode("utf-8", "replace")
+    stderr = done.stderr.decode("utf-8", "replace")
     try:
-        return parse_output(proc.stdout)
+        return parse_output(stdout)
     except ValueError:
-        said = (proc.stderr.strip() or proc.stdout.strip() or f"exit status {proc.returncode}").splitlines()
+        said = (stderr.strip() or stdout.strip()[-STDERR_SHOWN:] or f"exit status {done.returncode}").splitlines()
         hint = ""
         if any("could not be found" in line or "unknown playbook" in line.lower() for line in said):
             hint = "; install the collection gpuprov.kvm (ansible-galaxy collection install) or give --playbook"
         if any(CALLBACK in line for line in said):
             hint = "; the json callback is ansible.posix's: ansible-galaxy collection install ansible.posix"
         raise UsageError(
-            f"ansible-playbook failed (exit {proc.returncode}): {said[-1][:500] if said else ''}{hint}"
+            f"ansible-playbook failed (exit {done.returncode}): {said[-1][:500] if said else ''}{hint}"
         ) from None
 
 
@@ -170,7 +195,8 @@ def print_summary(document: dict[str, Any]) -> None:
 
     s = document["summary"]
     print(
-        f"{s['hosts']} host(s): {s['converged']} converged, {s['drifted']} drifted, {s['not_ready']} not ready, "
+        f"{s['hosts']} host(s): {s['converged']} converged, {s['drifted']} drifted, {s['unknown']} unknown, "
+        f"{s['not_ready']} not ready, "
         f"{s['unreachable']} unreachable, {s['failed']} failed; {s['gpus']} GPU(s), {s['gpus_not_ready']} not ready, "
         f"{s['gpus_failing']} failing"
     )
@@ -187,17 +213,21 @@ def print_summary(document: dict[str, Any]) -> None:
         for d in h["drift"]:
             where = f" [{d['entry']}]" if d.get("entry") else ""
             print(f"  drift: {safe_text(d['message'])}{safe_text(where)}")
+        for u in h["unknown"]:
+            print(f"  unknown: {safe_text(u['what'])}: {safe_text(u['why'])}")
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     from ..report import write_json
     from ..report.fleet import fleet_document, prometheus_text
+    from .inventory import check_sources
 
     if args.forks is not None and args.forks < 1:
         raise UsageError(f"-f/--forks {args.forks}: give a positive number of forks")
-    for path in args.inventory:
-        if not os.path.exists(path) and "," not in path:
-            raise UsageError(f"-i {path}: no such inventory file or directory")
+    if args.time_limit <= 0:
+        raise UsageError(f"--time-limit {args.time_limit}: give a positive number of seconds")
+    playbook_dir = (os.path.dirname(os.path.abspath(args.playbook)),) if os.path.isfile(args.playbook) else ()
+    check_sources(args.inventory, playbook_dir)
     output = run_play(args)
     document = fleet_document(records(output), inventory=", ".join(args.inventory), forks=args.forks)
     if args.html:
@@ -253,6 +283,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--vault-password-file", action="append", default=[], metavar="FILE", help="as ansible-playbook's (repeatable)"
     )
     p.add_argument("--playbook", default=PLAYBOOK, help=f"the play to run (default {PLAYBOOK}; a path to a copy of it)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=TIME_LIMIT,
+        metavar="SECONDS",
+        help=f"stop ansible-playbook after this long (default {TIME_LIMIT}); one host's reading task is stopped "
+        f"after ANSIBLE_TASK_TIMEOUT seconds (default {TASK_TIMEOUT}) and reported failed",
+    )
     p.add_argument("--json", action="store_true", help="print the document as JSON (schema gpuprov.fleet/v1)")
     p.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page to FILE")
     p.add_argument(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from ..report.fleet import has_record
 from .textsafe import safe_text
 
 # Each host status's badge colour: tests/cli/test_fleet_html.py finds the badges by these in a
@@ -20,6 +21,7 @@ from .textsafe import safe_text
 STATUS_FILL = {
     "converged": "#2e7d32",
     "drifted": "#e6a100",
+    "unknown": "#1565c0",
     "not ready": "#c62828",
     "unreachable": "#5f6b7a",
     "failed": "#7b1fa2",
@@ -87,7 +89,8 @@ def _gpus(gpus: list[dict[str, Any]]) -> str:
 def render_html(document: dict[str, Any]) -> str:
     s = document["summary"]
     summary = (
-        f"{s['hosts']} hosts: {s['converged']} converged, {s['drifted']} drifted, {s['not_ready']} not ready, "
+        f"{s['hosts']} hosts: {s['converged']} converged, {s['drifted']} drifted, {s['unknown']} unknown, "
+        f"{s['not_ready']} not ready, "
         f"{s['unreachable']} unreachable, {s['failed']} failed; {s['gpus']} GPUs, {s['gpus_not_ready']} not ready, "
         f"{s['gpus_failing']} failing"
     )
@@ -108,7 +111,7 @@ def render_html(document: dict[str, Any]) -> str:
         parts = [f'<h2 id="host-{i}">{esc(h["host"])}: {esc(h["status"])}</h2>']
         if h.get("message"):
             parts.append(f"<p>{esc(h['message'])}</p>")
-        if h["status"] not in ("unreachable", "failed"):
+        if has_record(h):
             parts.append(
                 f'<p class="muted">{esc(h.get("os") or "")} {esc(h.get("kernel") or "")} {esc(h.get("root") or "")}</p>'
             )

@@ -45,6 +45,8 @@ class _BoundedLoader(yaml.SafeLoader):
     """SafeLoader that counts nodes as they would be expanded (an alias counts as its whole
     anchored tree) and the nesting depth, and stops past the limits."""
 
+    max_nodes = MAX_NODES
+
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._nodes = 0
@@ -53,9 +55,9 @@ class _BoundedLoader(yaml.SafeLoader):
 
     def _count(self, n: int, mark: Any) -> None:
         self._nodes += n
-        if self._nodes > MAX_NODES:
+        if self._nodes > self.max_nodes:
             raise yaml.YAMLError(
-                f"more than {MAX_NODES} values once aliases are expanded ({_where(mark)}): "
+                f"more than {self.max_nodes} values once aliases are expanded ({_where(mark)}): "
                 "an alias bomb, or a file far larger than any host's"
             )
 
@@ -92,15 +94,35 @@ class _BoundedLoader(yaml.SafeLoader):
 _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
-def read_yaml(path: str) -> Any:
-    """The one YAML document in ``path``, as plain data; :class:`YamlInputError` when it cannot be taken."""
+class _InventoryLoader(_BoundedLoader):
+    """The same bounds for an Ansible inventory's YAML, larger (a fleet's inventory is one file), with
+    Ansible's own tags taken as plain values: ``!vault`` (ciphertext: only Ansible holds the secret)
+    and ``!unsafe`` (a value never templated)."""
+
+    max_nodes = 5_000_000
+
+    def construct_tagged(self, node: Any) -> Any:
+        if isinstance(node, yaml.SequenceNode):
+            return self.construct_sequence(node, deep=True)
+        if isinstance(node, yaml.MappingNode):
+            return self.construct_mapping(node, deep=True)
+        return self.construct_scalar(node)
+
+
+for _tag in ("!vault", "!vault-encrypted", "!unsafe"):
+    _InventoryLoader.add_constructor(_tag, _InventoryLoader.construct_tagged)
+
+
+def read_yaml(path: str, *, max_bytes: int = MAX_BYTES, inventory: bool = False) -> Any:
+    """The one YAML document in ``path``, as plain data; :class:`YamlInputError` when it cannot be taken.
+    ``inventory``: a file of an Ansible inventory (its tags taken, more values allowed)."""
     try:
-        data = read_regular(path, MAX_BYTES)
+        data = read_regular(path, max_bytes)
     except NotRegular:
         raise YamlInputError(f"{path} is not a regular file: give a YAML file") from None
     except TooLarge as exc:
         size = f"{exc.size} bytes, " if exc.size is not None else ""
-        raise YamlInputError(f"{path} is {size}more than {MAX_BYTES} bytes: give the host's own file") from None
+        raise YamlInputError(f"{path} is {size}more than {max_bytes} bytes: give the host's own file") from None
     except OSError as exc:
         raise YamlInputError(f"cannot read {path}: {exc.strerror}") from None
     try:
@@ -111,7 +133,8 @@ def read_yaml(path: str) -> Any:
         ) from None
     loader = None
     try:
-        loader = _BoundedLoader(text.removeprefix("\ufeff"))  # its reader refuses control characters here
+        stream = text.removeprefix("\ufeff")  # its reader refuses control characters here
+        loader = _InventoryLoader(stream) if inventory else _BoundedLoader(stream)
         return loader.get_single_data()
     except yaml.YAMLError as exc:
         if "!vault" in str(exc):  # an Ansible vault-encrypted value: Ansible's loader holds the secret

@@ -43,12 +43,12 @@ Standard library only (ships to targets with the modules).
 from __future__ import annotations
 
 import base64
-import functools
 import re
 from typing import Any
 
 from ..core.vm_spec import ACCELS, DRAINS, FIRMWARES, ROM_DIR, STATES, VM_KEYS
 from ..facts.numa import MAX_CPUS
+from .schema_eval import Evaluator
 from .sharing_schema import GUEST_DEFS
 from .validate import (
     HOSTNAME_RE,
@@ -76,8 +76,6 @@ from .validate import (
     VENDOR_ID_RE,
     VM_NAME_RE,
     Problems,
-    kind,
-    shown,
 )
 
 SCHEMA_ID = "https://gpuprov.dev/schemas/gpuprov-host.schema.json"
@@ -810,220 +808,12 @@ SCHEMA: dict[str, Any] = {
 
 # ---------------------------------------------------------------- the evaluator
 
-_TYPES = {
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-}
-_MAX_DEPTH = 32
-KEYWORDS = frozenset(
-    {
-        "$ref",
-        "type",
-        "const",
-        "enum",
-        "pattern",
-        "minLength",
-        "maxLength",
-        "minimum",
-        "maximum",
-        "items",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "properties",
-        "required",
-        "additionalProperties",
-        "propertyNames",
-        "minProperties",
-        "maxProperties",
-        "allOf",
-        "not",
-        "if",
-        "then",
-        "else",
-    }
-)  # what _walk evaluates; the rest are annotations ($schema, $id, $defs, title, description)
-
-
-def _resolve(ref: str) -> dict[str, Any]:
-    node: Any = SCHEMA
-    for part in ref.removeprefix("#/").split("/"):
-        node = node[part]
-    return node
-
-
-def _fix(schema: dict[str, Any]) -> str | None:
-    return schema.get("description")
-
-
-def _word(value: Any) -> str:
-    """A value as YAML writes it: null, true, 1, host."""
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    return str(value)
-
-
-def _equal(a: Any, b: Any) -> bool:
-    """JSON equality: a boolean is never a number, 1 and 1.0 are one number."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
-
-
-def _valid(schema: dict[str, Any], value: Any, path: str, depth: int) -> bool:
-    scratch = Problems()
-    _walk(scratch, schema, value, path, depth)
-    return not scratch
-
-
-def _walk(p: Problems, schema: dict[str, Any], value: Any, path: str, depth: int) -> None:
-    if "$ref" in schema:
-        schema = _resolve(schema["$ref"])
-    if depth > _MAX_DEPTH:
-        p.add(path, "is nested too deeply", _fix(schema))
-        return
-    types = schema.get("type")
-    if types is not None:
-        names = [types] if isinstance(types, str) else types
-        if not any(_TYPES[t](value) for t in names):
-            p.add(path, f"is {kind(value)}, expected {' or '.join(names)}", _fix(schema))
-            return
-    if "const" in schema and not _equal(value, schema["const"]):
-        p.add(path, f"{shown(value)} is not {_word(schema['const'])}", _fix(schema))
-        return
-    if "enum" in schema and not any(_equal(value, v) for v in schema["enum"]):
-        p.add(path, f"{shown(value)} is not one of {', '.join(map(_word, schema['enum']))}", _fix(schema))
-        return
-    if isinstance(value, str):
-        _string(p, schema, value, path)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            p.add(path, f"{shown(value)} is below {schema['minimum']}", _fix(schema))
-        if "maximum" in schema and value > schema["maximum"]:
-            p.add(path, f"{shown(value)} is above {schema['maximum']}", _fix(schema))
-    elif isinstance(value, list):
-        _array(p, schema, value, path, depth)
-    elif isinstance(value, dict):
-        _object(p, schema, value, path, depth)
-    for sub in schema.get("allOf", ()):
-        _walk(p, sub, value, path, depth + 1)
-    if "not" in schema and _valid(schema["not"], value, path, depth + 1):
-        p.add(path, "is not allowed here", _fix(schema))
-    if "if" in schema:
-        branch = "then" if _valid(schema["if"], value, path, depth + 1) else "else"
-        if branch in schema:
-            _walk(p, schema[branch], value, path, depth + 1)
-
-
-@functools.lru_cache(maxsize=128)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    """A schema ``pattern`` as JSON Schema (ECMA-262) means it, in Python's ``re``: a ``$`` outside
-    a character class is the end of the text (``\\Z``), never "before a final newline" as Python's
-    ``$`` is: ``"train\\n"`` is not a name. (The schema's patterns end ``$(?!\\n)``, which means the
-    end in both; this keeps a future pattern honest too.)"""
-    out: list[str] = []
-    in_class = escaped = False
-    for ch in pattern:
-        if escaped:
-            out.append(ch)
-            escaped = False
-        elif ch == "\\":
-            out.append(ch)
-            escaped = True
-        elif in_class:
-            out.append(ch)
-            in_class = ch != "]"
-        elif ch == "[":
-            out.append(ch)
-            in_class = True
-        else:
-            out.append(r"\Z" if ch == "$" else ch)
-    return re.compile("".join(out))
-
-
-def _string(p: Problems, schema: dict[str, Any], value: str, path: str) -> None:
-    if "maxLength" in schema and len(value) > schema["maxLength"]:
-        p.add(path, f"is {len(value)} characters long, more than {schema['maxLength']}", _fix(schema))
-    elif len(value) < schema.get("minLength", 0):
-        p.add(path, "is empty", _fix(schema))
-    elif "pattern" in schema and not _compiled(schema["pattern"]).search(value):
-        p.add(path, f"{shown(value)} is not valid here", _fix(schema))
-
-
-def _key(value: Any) -> Any:
-    """A hashable stand-in for a JSON value, equal where the values are (uniqueItems)."""
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, (int, float)):
-        return ("number", value)
-    if isinstance(value, list):
-        return ("array", tuple(_key(v) for v in value))
-    if isinstance(value, dict):
-        return ("object", frozenset((_key(k), _key(v)) for k, v in value.items()))
-    return (type(value).__name__, value)
-
-
-def _array(p: Problems, schema: dict[str, Any], value: list[Any], path: str, depth: int) -> None:
-    if "maxItems" in schema and len(value) > schema["maxItems"]:
-        p.add(path, f"has {len(value)} items, more than {schema['maxItems']}", _fix(schema))
-        return
-    if len(value) < schema.get("minItems", 0):
-        p.add(path, f"has fewer than {schema['minItems']} items", _fix(schema))
-    if schema.get("uniqueItems") and len({_key(v) for v in value}) < len(value):
-        p.add(path, "names an item twice", _fix(schema))
-    items = schema.get("items")
-    if items is not None:
-        for i, item in enumerate(value):
-            _walk(p, items, item, f"{path}[{i}]", depth + 1)
-
-
-def _child(path: str, key: str) -> str:
-    """A key's path: top-level keys are named alone (gpuprov_host.gpus[0], not (the file).gpuprov_host...)."""
-    return key if path == ROOT else f"{path}.{key}"
-
-
-def _object(p: Problems, schema: dict[str, Any], value: dict[Any, Any], path: str, depth: int) -> None:
-    if "maxProperties" in schema and len(value) > schema["maxProperties"]:
-        p.add(path, f"has {len(value)} keys, more than {schema['maxProperties']}", _fix(schema))
-        return
-    if len(value) < schema.get("minProperties", 0):
-        p.add(path, "is empty", _fix(schema))
-    for key in schema.get("required", ()):
-        if key not in value:
-            p.add(_child(path, key), "is required", _fix(schema.get("properties", {}).get(key, schema)))
-    properties = schema.get("properties", {})
-    names = schema.get("propertyNames")
-    extra = schema.get("additionalProperties", True)
-    for key, item in value.items():
-        where = _child(path, key) if isinstance(key, str) else f"{path}[{shown(key)}]"
-        if names is not None and not _valid(names, key, where, depth + 1):
-            _walk(p, names, key, f"{path}: key {shown(key)}", depth + 1)
-            continue
-        if isinstance(key, str) and key in properties:
-            _walk(p, properties[key], item, where, depth + 1)
-        elif extra is False:
-            known = ", ".join(properties) or "none"
-            p.add(where, "is not a known key", f"known keys here: {known}")
-        elif isinstance(extra, dict):
-            _walk(p, extra, item, where, depth + 1)
+_EVALUATOR = Evaluator(SCHEMA, ROOT)
 
 
 def check(value: Any, path: str, definition: str | None = None) -> Problems:
     """Every problem of ``value`` against the schema (or its ``$defs`` entry ``definition``)."""
-    p = Problems()
-    _walk(p, SCHEMA if definition is None else _resolve(f"#/$defs/{definition}"), value, path, 0)
-    return p
+    return _EVALUATOR.check(value, path, definition)
 
 
 def check_version(doc: Any) -> Problems:

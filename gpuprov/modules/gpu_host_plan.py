@@ -113,7 +113,19 @@ def _pending(name: str, options: dict[str, Any], host: _Host) -> tuple[str | Non
     try:
         if support is iommu_boot:
             return iommu_boot.pending(p)
-        return support.pending(p, host.resolver(p["root"]), host.facts_of(p["root"]))
+        resolved = host.resolver(p["root"])
+        warned: list[str] = []
+
+        def resolving(doc: dict[str, Any], facts: HostFacts) -> HostModel:
+            model = resolved(doc, facts)
+            warned.extend(model.warnings)  # the module gives each as a warning on every run
+            return model
+
+        reason, disruption = support.pending(p, resolving, host.facts_of(p["root"]))
+        if reason is None and warned:
+            # "Converged" promises the module would be silent: one that warns runs and says it.
+            reason = f"its module warns: {warned[0]}"
+        return reason, disruption
     except Unresolved as exc:
         return str(exc), Disruption()  # the module that resolves the declaration refuses it
     except Exception as exc:  # noqa: BLE001 - fail closed: whatever went wrong, the module runs and says it

@@ -379,10 +379,16 @@ def _shown_arg(name: str, value: str | None) -> str:
     return name if value is None else f"{name}={value}"
 
 
-def _kernel_args(fleet: FleetFacts, drift: Drift) -> None:
+def _needs_kernel_args(model: Declared) -> bool:
+    """Whether a declared use rests on the kernel's arguments (the IOMMU, vfio): any use but the host's own."""
+    return bool(model.vms) or any(e.get("use") != "host" for e in model.declared.values())
+
+
+def _kernel_args(model: Declared, fleet: FleetFacts, drift: Drift) -> None:
     where, configured, why = configured_arguments(fleet)
     if where is None:
-        drift.unknown.append({"what": "kernel arguments", "why": why or "not configured"})
+        if _needs_kernel_args(model):  # unknown only where the verdict rests on it: never "converged" then
+            drift.unknown.append({"what": "kernel arguments", "why": why or "not configured"})
         return
     booted = parse_cmdline(fleet.boot.booted)
     wanted = dict(kernel_param(a) for a in configured)
@@ -467,6 +473,6 @@ def drift(facts: HostFacts, fleet: FleetFacts, model: Declared) -> Drift:
     _sriov(facts, model, out)
     _mig(model, fleet, out)
     _vms(model, fleet, out)
-    _kernel_args(fleet, out)
+    _kernel_args(model, fleet, out)
     _cdi(facts, fleet, out)
     return out

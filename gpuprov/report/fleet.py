@@ -10,16 +10,24 @@ each GPU's verdict for its declared use and its health, the drift from the decla
   declaration that does not fit the host;
 - ``drifted``: ready, but the host differs from its declaration (each difference listed, with
   the declared entry it differs from);
-- ``converged``: neither.
+- ``unknown``: neither, but something the verdict rests on could not be read (listed under
+  ``unknown``): fail closed, never ``converged``;
+- ``converged``: none of these.
 
 :func:`fleet_document` puts the hosts' records together on the controller, with the hosts that
-gave none (``unreachable``, ``failed``: each listed, never dropped). :func:`prometheus_text` is
+gave none (``unreachable``, ``failed``: each listed, never dropped). Each answer is untrusted: one
+that does not follow the host part of the schema (gpuprov/schemas/fleet.v1.json) makes that host
+``unknown`` with the first problems named, and the other hosts are reported. :func:`prometheus_text` is
 the same as metrics for node_exporter's textfile collector. Standard library only.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import math
 import re
+from pathlib import Path
 from typing import Any
 
 from .. import __version__
@@ -38,7 +46,8 @@ from ..verify.health import status as health_status
 
 SCHEMA = "gpuprov.fleet/v1"
 HOST_SCHEMA = "gpuprov.fleet-host/v1"
-STATUSES = ("converged", "drifted", "not ready", "unreachable", "failed")
+STATUSES = ("converged", "drifted", "unknown", "not ready", "unreachable", "failed")
+FLEET_SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "fleet.v1.json"
 
 
 def _entries(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -86,6 +95,11 @@ def _verdict(a: GpuAssessment) -> str:
     if use == "passthrough":
         return "passthrough-ready"
     return "not declared"
+
+
+def status_of(not_ready: list[Any], drift_found: list[Any], unknown: list[Any]) -> str:
+    """A host's status from its lists: the worst that applies; unknown is never converged."""
+    return "not ready" if not_ready else "drifted" if drift_found else "unknown" if unknown else "converged"
 
 
 def _finding(f: Any) -> dict[str, Any]:
@@ -171,7 +185,8 @@ def host_record(root: str, doc: dict[str, Any] | None, *, nvml: str = "auto", lo
             }
         )
     drift_findings = found.findings if found is not None else []
-    status = "not ready" if not_ready else "drifted" if drift_findings else "converged"
+    unknown = found.unknown if found is not None else []
+    status = status_of(not_ready, drift_findings, unknown)
     return {
         "schema": HOST_SCHEMA,
         "gpuprov_version": __version__,
@@ -187,7 +202,7 @@ def host_record(root: str, doc: dict[str, Any] | None, *, nvml: str = "auto", lo
         "gpus": records,
         "drift": drift_findings,
         "not_ready": not_ready,
-        "unknown": found.unknown if found is not None else [],
+        "unknown": unknown,
         "health": {
             "log_source": health.log_source,
             "log_error": health.log_error,
@@ -200,8 +215,22 @@ def host_record(root: str, doc: dict[str, Any] | None, *, nvml: str = "auto", lo
 # ---------------------------------------------------------------- the fleet
 
 
+@functools.lru_cache(maxsize=1)
+def _host_evaluator() -> Any:
+    """The published schema's evaluator: a host's answer is held to its ``$defs/host``."""
+    from ..inputs.schema_eval import Evaluator
+
+    return Evaluator(json.loads(FLEET_SCHEMA.read_text(encoding="utf-8")), "")
+
+
+def has_record(host: dict[str, Any]) -> bool:
+    """Whether the host gave its own record (unreachable, failed and a bad answer did not)."""
+    return "message" not in host
+
+
 def unanswered(host: str, status: str, message: str) -> dict[str, Any]:
-    """The record of a host that gave none: ``unreachable`` or ``failed``, with why."""
+    """The record of a host that gave none: ``unreachable`` or ``failed`` (or ``unknown``: its answer
+    was not a record), with why."""
     return {
         "host": host,
         "status": status,
@@ -213,14 +242,28 @@ def unanswered(host: str, status: str, message: str) -> dict[str, Any]:
     }
 
 
+def _checked(name: str, record: Any) -> dict[str, Any]:
+    """The host's entry: its answer when it follows the schema (its status recomputed from its
+    lists: what the host says of itself is not taken), else ``unknown`` naming the first problems."""
+    if not isinstance(record, dict):
+        return {"host": name, **unanswered(name, "unknown", "its answer is not a fleet record: not a mapping")}
+    entry = {"host": name, **{k: v for k, v in record.items() if k not in ("schema", "gpuprov_version", "host")}}
+    problems = _host_evaluator().check(entry, f"host {name}", "host").items
+    if problems:
+        said = "; ".join(p.message for p in problems[:3])
+        if len(problems) > 3:
+            said += f" (and {len(problems) - 3} more)"
+        return {"host": name, **unanswered(name, "unknown", f"its answer is not a fleet record: {said}")}
+    if has_record(entry):
+        entry["status"] = status_of(entry["not_ready"], entry["drift"], entry["unknown"])
+    return entry
+
+
 def fleet_document(
     records: dict[str, dict[str, Any]], *, inventory: str | None = None, forks: int | None = None
 ) -> dict[str, Any]:
     """Host name -> its record (from :func:`host_record`, or :func:`unanswered`) -> the document."""
-    hosts = []
-    for name in sorted(records):
-        record = {k: v for k, v in records[name].items() if k not in ("schema", "gpuprov_version")}
-        hosts.append({"host": name, **record})
+    hosts = [_checked(name, records[name]) for name in sorted(records)]
     counts = {s: sum(1 for h in hosts if h["status"] == s) for s in STATUSES}
     gpus = [g for h in hosts for g in h.get("gpus") or []]
     return {
@@ -256,7 +299,7 @@ def _labels(**labels: object) -> str:
 METRICS = {
     "gpuprov_fleet_host_status": (
         "gauge",
-        "1 for the host's status (converged, drifted, not ready, unreachable, failed)",
+        "1 for the host's status (converged, drifted, unknown, not ready, unreachable, failed)",
     ),
     "gpuprov_fleet_host_drift_findings": ("gauge", "How many ways the host differs from its declaration"),
     "gpuprov_fleet_host_not_ready_reasons": ("gauge", "How many reasons stop a declared use on the host"),
@@ -278,14 +321,19 @@ def prometheus_text(document: dict[str, Any]) -> str:
     HELP and TYPE for each metric, labels ``host`` and ``gpu`` (its PCI address)."""
     samples: dict[str, list[str]] = {m: [] for m in METRICS}
 
-    def add(metric: str, value: float | int | bool, **labels: object) -> None:
-        samples[metric].append(f"{metric}{_labels(**labels)} {int(value) if isinstance(value, bool) else value}")
+    def add(metric: str, value: object, **labels: object) -> None:
+        # A sample value is a number or nothing: text from a host never reaches the exposition.
+        if isinstance(value, bool):
+            value = int(value)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return
+        samples[metric].append(f"{metric}{_labels(**labels)} {value}")
 
     for h in document["hosts"]:
         host = h["host"]
         for s in STATUSES:
             add("gpuprov_fleet_host_status", h["status"] == s, host=host, status=s)
-        if h["status"] in ("unreachable", "failed"):
+        if not has_record(h):
             continue
         add("gpuprov_fleet_host_drift_findings", len(h["drift"]), host=host)
         add("gpuprov_fleet_host_not_ready_reasons", len(h["not_ready"]), host=host)

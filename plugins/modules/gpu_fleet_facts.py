@@ -11,8 +11,8 @@ module: gpu_fleet_facts
 short_description: A host against its declaration, for the fleet report - verdicts, drift and GPU health
 description:
   - Reads the host (read-only) once and returns its part of the fleet report (C(gpuprov fleet),
-    playbook C(gpuprov.kvm.fleet_report)) as RV(fleet) - its status (C(converged), C(drifted) or
-    C(not ready)), per GPU its declared use, its verdict for that use and its health, the drift from the
+    playbook C(gpuprov.kvm.fleet_report)) as RV(fleet) - its status (C(converged), C(drifted),
+    C(unknown) or C(not ready)), per GPU its declared use, its verdict for that use and its health, the drift from the
     declaration and every reason a declared use is not ready.
   - Drift is read from the host each time, never from a cache - a declared GPU moved or changed (the id
     guard), its driver binding, the mdev, SR-IOV vGPU and MIG layout, each declared VM's state and
@@ -100,7 +100,8 @@ fleet:
   type: dict
   contains:
     status:
-      description: C(converged), C(drifted) or C(not ready).
+      description: C(not ready), C(drifted), C(unknown) (something the status rests on could not be read,
+        listed in RV(fleet.unknown); never converged) or C(converged).
       type: str
       returned: success
     gpus:

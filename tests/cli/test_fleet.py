@@ -204,7 +204,7 @@ def test_the_page_lists_every_host_with_its_status(fleet: dict[str, Any]) -> Non
 def test_the_summary_names_each_host_and_why(fleet: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     cli_fleet.print_summary(fleet["document"])
     out = capsys.readouterr().out
-    assert out.startswith("9 host(s): 3 converged, 3 drifted, 2 not ready, 1 unreachable, 0 failed")
+    assert out.startswith("9 host(s): 3 converged, 3 drifted, 0 unknown, 2 not ready, 1 unreachable, 0 failed")
     assert "pt-moved: drifted\n" in out  # a host without a GPU to show: no count
     assert f"drift: declared at {fleethosts.EDU}, but there is no device there" in out
     assert "not ready: its PCI config space reads all ones" in out
@@ -359,6 +359,76 @@ def test_host_values_never_become_markup_or_break_the_metrics() -> None:
     metrics = parse_prometheus(prometheus_text(document))
     hosts = {s[0]["host"] for s in metrics["gpuprov_fleet_host_status"]["samples"]}
     assert hosts == {'host\\"<script>alert(1)</script>\x1b[2J&amp;', "x\\ny"}  # escaped as the format says
+
+
+def _forged(record: dict[str, Any], where: str, value: Any) -> dict[str, Any]:
+    """``record`` with the value at ``where`` (dotted, list indexes as numbers) replaced, or deleted for DELETE."""
+    out = json.loads(json.dumps(record))
+    *parents, last = [int(k) if k.isdigit() else k for k in where.split(".")]
+    node = out
+    for key in parents:
+        node = node[key]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return out
+
+
+DELETE = object()
+FORGED = {
+    "gpus missing": ("gpus", DELETE),
+    "gpus a string": ("gpus", "<script>"),
+    "a gpu without its health": ("gpus.0.health", DELETE),
+    "health findings not a list": ("gpus.0.health.findings", 7),
+    "an xid as text with a newline": ("gpus.0.health.xids.0.xid", '1\ngpuprov_gpu_ready{host="other"} 1'),
+    "an ECC count as text": ("gpus.0.health.ecc", {"volatile_corrected": "0\nforeign_metric 1"}),
+    "an AER total that is a list": ("gpus.0.health.aer", {"fatal": [1]}),
+    "a status of its own": ("status", "fine"),
+    "unknown items of the wrong type": ("unknown", [{"what": 1, "why": None}]),
+    "a drift finding without its message": ("drift", [{"code": "x", "entry": None, "device": None, "fix": None}]),
+    "the declaration a string": ("declaration", "yes"),
+    "no root": ("root", DELETE),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORGED))
+def test_a_forged_answer_makes_its_host_unknown_and_the_others_are_reported(case: str) -> None:
+    where, value = FORGED[case]
+    good = hostile_document()["hosts"][0]
+    record = {k: v for k, v in good.items() if k != "host"}
+    records = {"good": record, "forged": _forged(record, where, value), "notadict": ["x"]}
+    document = fleet_document(records)  # type: ignore[arg-type]
+    jsonschema.validate(document, SCHEMA)
+    hosts = by_host(document)
+    assert hosts["good"]["status"] == "drifted" and hosts["good"]["gpus"]
+    assert hosts["forged"]["status"] == "unknown" and hosts["notadict"]["status"] == "unknown"
+    assert hosts["forged"]["message"].startswith("its answer is not a fleet record: host forged")
+    assert document["summary"]["unknown"] == 2
+    render_html(document)
+    metrics = parse_prometheus(prometheus_text(document))  # every line a sample of ours, after its HELP
+    assert {s[0]["host"] for m in metrics.values() for s in m["samples"]} == {"good", "forged", "notadict"}
+    assert "foreign_metric" not in metrics
+
+
+def test_the_status_comes_from_the_lists_never_from_the_host() -> None:
+    record = {k: v for k, v in hostile_document()["hosts"][0].items() if k != "host"}
+    claimed = {**record, "status": "converged", "drift": []}
+    assert by_host(fleet_document({"h": claimed}))["h"]["status"] == "unknown"  # its unknown list stands
+    claimed["unknown"] = []
+    assert by_host(fleet_document({"h": claimed}))["h"]["status"] == "converged"
+    claimed["not_ready"] = [{"code": "x", "device": None, "entry": None, "message": "m", "fix": None}]
+    assert by_host(fleet_document({"h": claimed}))["h"]["status"] == "not ready"
+
+
+def test_a_metric_value_is_written_only_when_it_is_a_number() -> None:
+    document = hostile_document()
+    gpu = document["hosts"][0]["gpus"][0]
+    gpu["health"]["aer"] = {"fatal": "1\nforeign_metric 1", "nonfatal": float("nan"), "correctable": 3}
+    text = prometheus_text(document)
+    assert "foreign_metric" not in text and "nan" not in text.lower()
+    aer = parse_prometheus(text)["gpuprov_gpu_aer_errors"]["samples"]
+    assert [(labels["severity"], value) for labels, value in aer] == [("correctable", 3.0)]
 
 
 def test_a_live_h200_guest_as_a_member_matches_the_schema() -> None:

@@ -18,6 +18,7 @@ def test_the_page_in_a_browser_shows_one_badge_per_host_in_its_status_colour(tmp
     records = {name: host_record(v["gpuprov_root"], {"gpuprov_host": v["gpuprov_host"]}) for name, v in hosts.items()}
     records["zz-gone"] = unanswered("zz-gone", "unreachable", "ssh: connect to host: Connection refused")
     records["zz-broken"] = unanswered("zz-broken", "failed", "MODULE FAILURE")
+    records["zz-forged"] = {**records["pt-ok"], "gpus": "<script>"}  # an answer off the schema: unknown
     document = fleet_document(records)
     page = tmp_path / "fleet.html"
     page.write_text(render_html(document), encoding="utf-8")
@@ -29,7 +30,7 @@ def test_the_page_in_a_browser_shows_one_badge_per_host_in_its_status_colour(tmp
     counts = {status: len(boxes) for status, boxes in found.items()}
     want = {s: sum(1 for h in document["hosts"] if h["status"] == s) for s in STATUS_FILL}
     assert counts == want, (counts, want)
-    assert want == {"converged": 3, "drifted": 3, "not ready": 2, "unreachable": 1, "failed": 1}
+    assert want == {"converged": 3, "drifted": 3, "unknown": 1, "not ready": 2, "unreachable": 1, "failed": 1}
     # One column of badges, in the table's order (the hosts sorted by name), top to bottom.
     boxes = sorted((y, x, status) for status, found_ in found.items() for _n, x, y in found_)
     xs = [x for _y, x, _s in boxes]

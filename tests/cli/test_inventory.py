@@ -114,8 +114,11 @@ def test_inventory_misuse_is_exit_2_naming_the_fix(capsys, args: list[str], said
     assert said in capsys.readouterr().err
 
 
-def test_without_ansible_the_message_says_how_to_get_it(capsys, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "ansible", None)  # import ansible -> ImportError
+def test_without_ansible_the_message_says_how_to_get_it(capsys, monkeypatch, tmp_path: Path) -> None:
+    # Ansible's loader runs in a child: an ``ansible`` first on its path that cannot be imported.
+    (tmp_path / "ansible").mkdir()
+    (tmp_path / "ansible" / "__init__.py").write_text("raise ImportError('no ansible here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     assert main(["plan", "--root", str(H100), "-i", str(EXAMPLE), "--host", "gpu-node-02"]) == 2
     assert "needs ansible-core" in capsys.readouterr().err
 

@@ -28,7 +28,8 @@ from gpuprov.cli.main import main
 from gpuprov.facts.host import HostFacts, cpu_count, gather
 from gpuprov.facts.sysfs import Sysfs
 from gpuprov.inputs import declaration as decl
-from gpuprov.inputs.declaration import KEYWORDS, NO_VERSION, ROOT, SCHEMA, check
+from gpuprov.inputs.declaration import NO_VERSION, ROOT, SCHEMA, check
+from gpuprov.inputs.schema_eval import KEYWORDS
 from gpuprov.inputs.validate import SSH_KEY_TYPES, Problems, cpu_list, path_text, ssh_key
 from gpuprov.model.resolve import resolve
 from tests.model.test_host_model import CONSOLE, H100, SRIOV, VGPU, build_host
@@ -638,7 +639,7 @@ def from_schema(node: dict[str, Any], depth: int = 0) -> st.SearchStrategy[Any]:
     """Values a schema node describes (every keyword of the VM keys and the host settings):
     its enum, one of its types, strings from its pattern, numbers at and inside its bounds."""
     if "$ref" in node:
-        return from_schema(decl._resolve(node["$ref"]), depth)
+        return from_schema(decl._EVALUATOR._resolve(node["$ref"]), depth)
     if "enum" in node:
         return st.sampled_from(node["enum"])
     if "const" in node:
@@ -678,7 +679,7 @@ def _of_type(node: dict[str, Any], kind: str, depth: int) -> st.SearchStrategy[A
 
 
 def _gpu_entry(name: str) -> st.SearchStrategy[dict[str, Any]]:
-    gpu = decl._resolve("#/$defs/gpu")["properties"]
+    gpu = decl._EVALUATOR._resolve("#/$defs/gpu")["properties"]
 
     def entry(use: str, where: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         return {"name": name, "use": use, **where, **extra}
@@ -700,8 +701,8 @@ def _gpu_entry(name: str) -> st.SearchStrategy[dict[str, Any]]:
 
 
 def declarations() -> st.SearchStrategy[dict[str, Any]]:
-    host = decl._resolve("#/$defs/host")["properties"]
-    vm = decl._resolve("#/$defs/vm")["properties"]
+    host = decl._EVALUATOR._resolve("#/$defs/host")["properties"]
+    vm = decl._EVALUATOR._resolve("#/$defs/vm")["properties"]
     vms = st.lists(
         st.fixed_dictionaries(
             {"name": from_schema(vm["name"])}, optional={k: from_schema(v) for k, v in vm.items() if k != "name"}

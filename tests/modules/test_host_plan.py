@@ -15,8 +15,9 @@ from tests.conftest import tree_digest
 from tests.modules.test_modules import bare_python, run_module, staged  # noqa: F401 - fixtures
 from tests.modules.test_vgpu_module import LAB_UUID, mtty  # noqa: F401 - mtty is a fixture
 
-PASSTHROUGH = {"gpus": [{"name": "gpu", "address": "0000:01:00.0", "use": "passthrough"}]}
+PASSTHROUGH = {"version": 1, "gpus": [{"name": "gpu", "address": "0000:01:00.0", "use": "passthrough"}]}
 MDEV_HOST = {
+    "version": 1,
     "gpus": [
         {
             "name": "mtty",
@@ -24,7 +25,7 @@ MDEV_HOST = {
             "use": "mdev",
             "instances": [{"name": "s", "type": "mtty-2", "uuid": LAB_UUID}],
         }
-    ]
+    ],
 }
 
 
@@ -52,6 +53,20 @@ def test_vfio_bind_pending_until_the_module_ran_then_converged(bare_python, stag
     second = ahead(bare_python, vfio_bind=options)
     assert second["converged"] == ["key-vfio_bind"] and second["pending"] == {}
     assert run_module(bare_python, "vfio_bind", options, check=True)["changed"] is False
+
+
+def test_a_declaration_the_modules_warn_on_is_never_converged(bare_python, staged) -> None:  # noqa: F811
+    """Without ``version`` vfio_bind warns on every run, check mode too: the gate agrees (round two's cases)."""
+    root = staged("gpu-audio")
+    unversioned = {k: v for k, v in PASSTHROUGH.items() if k != "version"}
+    options = {"host": unversioned, "root": str(root)}
+    assert run_module(bare_python, "vfio_bind", options)["changed"] is True
+    dry = run_module(bare_python, "vfio_bind", options, check=True)
+    assert dry["changed"] is False and "gpuprov_host has no version" in dry["stderr"], dry
+    result = ahead(bare_python, vfio_bind=options)
+    assert result["converged"] == []
+    assert "its module warns: gpuprov_host has no version" in result["pending"]["vfio_bind"]
+    assert ahead(bare_python, vfio_bind={**options, "host": PASSTHROUGH})["converged"] == ["key-vfio_bind"]
 
 
 def test_gpu_vgpu_from_a_declaration_pending_then_converged(bare_python, mtty) -> None:  # noqa: F811

@@ -70,7 +70,7 @@ def run_module(python: str, module: str, args: dict[str, Any], *, check: bool = 
     except ValueError:
         raise AssertionError(f"ansible printed no result: {out.stdout[-2000:]}\n{out.stderr[-2000:]}") from None
     result["failed"] = out.stdout[head:start].startswith("localhost | FAILED")
-    result["stdout"] = out.stdout
+    result["stdout"], result["stderr"] = out.stdout, out.stderr  # warnings: "[WARNING]: ..." on stderr
     return result
 
 

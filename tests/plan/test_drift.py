@@ -133,6 +133,7 @@ def vgpu_host(**changes: Any) -> dict[str, Any]:
 def test_the_vgpu_layout_as_declared_is_no_drift(vgpu: Path) -> None:
     r = record(vgpu, vgpu_host())
     assert (r["drift"], r["unknown"]) == ([], [{"what": "kernel arguments", "why": r["unknown"][0]["why"]}])
+    assert r["status"] == "unknown"  # the vGPU uses rest on the kernel's arguments: never converged unread
     assert {g["address"]: g["verdict"] for g in r["gpus"] if g["use"] != "not declared"} == {
         vgpuhosts.SRIOV_PF: "vGPU-ready",
         vgpuhosts.MIG_GPU: "vGPU-ready",
@@ -211,12 +212,31 @@ def test_a_running_vm_without_its_declared_gpu(passthrough: tuple[Path, dict[str
     assert "does not hold 0000:01:00.0" in d["message"] and "0000:02:00.0" in d["message"]
 
 
-def test_vm_state_unknown_when_libvirt_cannot_be_read(passthrough: tuple[Path, dict[str, Any]]) -> None:
+@pytest.mark.parametrize("how", ["a file", "a link loop"])
+def test_vm_state_unknown_when_libvirt_cannot_be_read(passthrough: tuple[Path, dict[str, Any]], how: str) -> None:
     root, host = passthrough
+    assert record(root, host)["status"] == "converged"
     (root / "run/libvirt").mkdir(parents=True)
-    (root / "run/libvirt/qemu").write_text("not a folder: it cannot be listed, as one root alone may read\n")
+    folder = root / "run/libvirt/qemu"
+    if how == "a file":
+        folder.write_text("not a folder: it cannot be listed, as one root alone may read\n")
+    else:
+        folder.symlink_to("qemu")
     r = record(root, vm_host(host))
     assert r["drift"] == [] and r["unknown"][0]["what"] == "VM state"
+    assert r["status"] == "unknown"  # fail closed: what cannot be read is never converged
+
+
+def test_kernel_arguments_unread_are_unknown_only_where_a_use_rests_on_them(
+    passthrough: tuple[Path, dict[str, Any]],
+) -> None:
+    root, host = passthrough
+    (root / "etc/default/grub").unlink()
+    r = record(root, host)
+    assert r["status"] == "unknown" and [u["what"] for u in r["unknown"]] == ["kernel arguments"]
+    kept = {"version": 1, "gpus": [{"name": "gpu", "address": fleethosts.EDU, "use": "host"}]}
+    r = record(root, kept)
+    assert r["unknown"] == [] and r["status"] != "unknown"
 
 
 # ---------------------------------------------------------------- kernel arguments
