@@ -90,6 +90,23 @@ def init_document(facts: Any, root: str, *, source: str | None = None, notes: li
     return "\n".join(lines)
 
 
+def _dumper() -> Any:
+    """PyYAML's safe dumper that writes a vaulted value back as the ``!vault`` value it was (its
+    ciphertext, never its plaintext: gpuprov/cli/secrets.py)."""
+    import yaml
+
+    from .secrets import Vaulted
+
+    class InitDumper(yaml.SafeDumper):
+        pass
+
+    def vaulted(dumper: yaml.SafeDumper, data: Vaulted) -> Any:
+        return dumper.represent_scalar("!vault", data.ciphertext, style="|")
+
+    InitDumper.add_representer(Vaulted, vaulted)
+    return InitDumper
+
+
 def inventory_document(facts: Any, root: str, source: str, doc: Any) -> str:
     """``init -i INVENTORY --host HOST``: a starting declaration from what the inventory already says
     of the host, as Ansible reads it (docs/reference/host-model.md, "Starting, converting").
@@ -149,7 +166,7 @@ def inventory_document(facts: Any, root: str, source: str, doc: Any) -> str:
         taken.add(entry["name"])
         found = ", ".join(addresses.get(where) or []) or "no device"
         lines.append(f"    # {safe_text(where)} in {safe_text(source)}; on this host: {found}")
-        flow = yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6).strip()
+        flow = yaml.dump(entry, Dumper=_dumper(), default_flow_style=True, sort_keys=False, width=10**6).strip()
         lines.append(f"    - {flow}")
     for a in assess(facts):
         if a.address not in model.declared:
@@ -159,7 +176,7 @@ def inventory_document(facts: Any, root: str, source: str, doc: Any) -> str:
         lines[-1] = "  gpus: []  # this host shows no GPU and the inventory declares none"
     rest = {k: v for k, v in host.items() if k not in ("version", "layout", "gpus")}
     rest.setdefault("vms", [])
-    dumped = yaml.safe_dump(rest, sort_keys=False, default_flow_style=None, width=100)
+    dumped = yaml.dump(rest, Dumper=_dumper(), sort_keys=False, default_flow_style=None, width=100)
     lines += ["  " + line if line else line for line in dumped.splitlines()]
     return "\n".join(lines) + "\n"
 
@@ -227,8 +244,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "reads it (group_vars, layouts, vaulted values): its gpuprov_host with the picked layout's entries "
         "written into its own gpus (each with the addresses it stands for here), then every GPU no entry "
         "covers with a suggested use, its VMs and settings as they are; the old variables converted as "
-        "gpuprov convert does; a host with neither gets the start from its facts. Vaulted values are "
-        "printed decrypted.",
+        "gpuprov convert does; a host with neither gets the start from its facts. A vaulted value stays "
+        "vaulted: written back as its own !vault ciphertext (a value from a vault-encrypted file as <vaulted>: "
+        "keep it in that file), never printed decrypted.",
     )
     p.add_argument("--root", default="/", help="read this root (an unpacked capture, or its .tar.gz) instead of /")
     from .inventory import add_arguments

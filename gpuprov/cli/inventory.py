@@ -77,6 +77,7 @@ class _Walk:
     def __init__(self) -> None:
         self.files = 0
         self.bytes = 0
+        self.vaulted: list[str] = []  # whole files vault-encrypted: every value in them is a secret
 
     def refuse(self, path: str, problem: str, fix: str) -> UsageError:
         return UsageError(f"inventory file {path}: {problem}; {fix}")
@@ -101,6 +102,7 @@ class _Walk:
         try:
             with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NONBLOCK)) as f:
                 if f.read(14) == b"$ANSIBLE_VAULT":  # a vaulted file: its text is Ansible's to decrypt
+                    self.vaulted.append(os.path.realpath(path))
                     return
         except OSError as exc:
             raise self.refuse(path, f"cannot be read ({exc.strerror})", "make it readable") from None
@@ -145,9 +147,10 @@ class _Walk:
         self.file(path, info, yaml_file)
 
 
-def check_sources(sources: list[str], playbook_dirs: tuple[str, ...] = ()) -> None:
+def check_sources(sources: list[str], playbook_dirs: tuple[str, ...] = ()) -> list[str]:
     """Refuse (UsageError) an inventory Ansible could not read in bounded time and memory: every file
-    of each source, and of the ``group_vars``/``host_vars`` beside each source file and playbook."""
+    of each source, and of the ``group_vars``/``host_vars`` beside each source file and playbook.
+    Returns the vault-encrypted files found (their real paths)."""
     walk = _Walk()
     for source in sources:
         if "," in source and not os.path.exists(source):
@@ -162,6 +165,7 @@ def check_sources(sources: list[str], playbook_dirs: tuple[str, ...] = ()) -> No
             beside = os.path.join(folder, name)
             if os.path.lexists(beside):
                 walk.entry(beside, vars_file=True, above=(), depth=0)
+    return walk.vaulted
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -200,10 +204,13 @@ def wanted(args: argparse.Namespace, path: str | None, option: str) -> tuple[str
         raise UsageError(f"give {option} or -i INVENTORY --host HOST, not both")
     if not inventory or not host:
         raise UsageError("-i INVENTORY and --host HOST go together: name the inventory and the host in it")
-    variables = host_variables(
+    from .secrets import mark, redact_output
+
+    variables, secrets = host_variables(
         inventory, host, args.vault_id, args.vault_password_file, trust=getattr(args, "trust_inventory", False)
     )
-    return f"{inventory} (host {host})", variables
+    redact_output(list(secrets))  # no vaulted value is shown by anything this run prints
+    return f"{inventory} (host {host})", mark(variables, {k: v for k, v in secrets.items() if v is not None})
 
 
 def host_variables(
@@ -213,13 +220,16 @@ def host_variables(
     vault_password_files: list[str] | None = None,
     *,
     trust: bool = False,
-) -> dict[str, Any]:
-    """The variables of :data:`READ` that ``host`` has in ``inventory``, templated, as plain data:
-    the inventory checked (:func:`check_sources`), then read by Ansible in a bounded child."""
+) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """The variables of :data:`READ` that ``host`` has in ``inventory``, templated, as plain data, and
+    the host's vaulted values (decrypted -> the ciphertext of a ``!vault`` value, None for one from a
+    vault-encrypted file): the inventory checked (:func:`check_sources`), then read by Ansible in a
+    bounded child."""
     from .bounded import OutputTooLarge, TimedOut, run_bounded
 
-    check_sources([inventory])
+    vaulted_files = check_sources([inventory])
     request = {
+        "vaulted_files": vaulted_files,
         "inventory": inventory,
         "host": host,
         "vault_ids": list(vault_ids or []),
@@ -257,7 +267,7 @@ def host_variables(
         raise UsageError(f"{inventory}: Ansible could not read host {host}'s variables: {why}") from None
     if "error" in answer:
         raise UsageError(str(answer["error"]))
-    return answer["variables"]
+    return answer["variables"], {plain: ciphertext for plain, ciphertext in answer["secrets"]}
 
 
 # ---------------------------------------------------------------- the child: Ansible's loader
@@ -354,7 +364,41 @@ def _read_in_child(request: dict[str, Any]) -> dict[str, Any]:
     if refused:  # refused, then swallowed by the template (a default, errors='ignore'): still refused
         return _lookup_refused(inventory, host, name, refused[0])
     # Plain data: the input boundary takes what a YAML file gives, never Ansible's tagged types.
-    return {"variables": json.loads(json.dumps(read, default=str))}
+    plain = json.loads(json.dumps(read, default=str))
+    return {"variables": plain, "secrets": _secrets(variables, set(request["vaulted_files"]))}
+
+
+def _secrets(variables: dict[str, Any], vaulted_files: set[str]) -> list[tuple[str, str | None]]:
+    """Every vaulted value of the host, decrypted where its secret was given: a ``!vault`` value with
+    its ciphertext, each string read from a vault-encrypted file with None."""
+    from ansible._internal._datatag._tags import Origin  # type: ignore[import-not-found]
+    from ansible.parsing.vault import EncryptedString
+
+    found: dict[str, str | None] = {}
+    budget = [1_000_000]  # values looked at: the inventory was bounded, this walk is too
+
+    def walk(value: Any, depth: int) -> None:
+        budget[0] -= 1
+        if budget[0] < 0 or depth > 64:
+            return
+        if isinstance(value, EncryptedString):
+            try:
+                found[str(value._decrypt())] = value._ciphertext
+            except Exception:  # noqa: BLE001 - no secret for it: nothing decrypted, nothing to hide
+                pass
+        elif isinstance(value, str):
+            origin = Origin.get_tag(value)
+            if origin is not None and origin.path is not None and os.path.realpath(origin.path) in vaulted_files:
+                found.setdefault(str(value), None)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item, depth + 1)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item, depth + 1)
+
+    walk(variables, 0)
+    return [(plain, ciphertext) for plain, ciphertext in found.items() if plain]
 
 
 def _lookup_refused(inventory: str, host: str, variable: str, lookup: str) -> dict[str, str]:

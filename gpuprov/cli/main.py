@@ -321,6 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(_command_of(argv) or None)
     args = parser.parse_args(argv)
     try:
+        return _run(args)
+    finally:
+        from .secrets import end_redaction
+
+        end_redaction()
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
         result: Any = args.func(args)
     except UsageError as exc:
         from .textsafe import safe_text  # the message may quote a member or value from the input

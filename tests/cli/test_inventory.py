@@ -83,7 +83,7 @@ def test_vaulted_values_and_jinja_are_read_as_the_play_reads_them(capsys, invent
     )
     assert report, err
     vm = report["vms"][0]
-    assert (vm["name"], vm["memory_mib"]) == ("vault-named-vm", 2048), err
+    assert (vm["name"], vm["memory_mib"]) == ("<vaulted>", 2048), err  # planned with it, never shown
     assert code in (0, 3)  # planned (this capture's IOMMU is off: a refusal, not an input error)
 
 
@@ -91,7 +91,7 @@ def test_the_vault_password_file_ansible_reads_from_the_environment(capsys, inve
     monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", str(inventory / "pw"))
     monkeypatch.setattr("ansible.constants.DEFAULT_VAULT_PASSWORD_FILE", str(inventory / "pw"), raising=False)
     _, report, err = plan_json(capsys, "-i", str(inventory), "--host", "node1")
-    assert report and report["vms"][0]["name"] == "vault-named-vm", err
+    assert report and report["vms"][0]["name"] == "<vaulted>", err
 
 
 def test_no_vault_secret_is_a_usage_error_naming_the_option_never_a_prompt(capsys, inventory: Path, monkeypatch):
@@ -141,11 +141,12 @@ def test_a_vaulted_file_given_alone_points_to_the_inventory(capsys, inventory: P
 
 
 def init_doc(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict, str, str]:
+    """init's document, a ``!vault`` value read as its ciphertext."""
     import yaml
 
     assert main(["init", "--root", str(H100), *args]) == 0
     out, err = capsys.readouterr()
-    return yaml.safe_load(out), out, err
+    return yaml.safe_load(out.replace("!vault |", "!!str |")), out, err
 
 
 def resolved(doc: dict):
@@ -167,19 +168,23 @@ def test_init_starts_from_the_inventory_declaration_layout_vault_and_jinja(capsy
     assert "layout" not in host and host["version"] == 1  # group_vars' layout written into the host's own gpus
     assert host["gpus"] == [{"name": "train", "use": "passthrough", "address": "0000:00:06.0"}]
     assert "gpuprov_layouts.one-gpu.gpus[0] 'train'" in out and "on this host: 0000:00:06.0" in out
-    assert [(vm["name"], str(vm["memory_mib"])) for vm in host["vms"]] == [("vault-named-vm", "2048")]
+    (vm,) = host["vms"]  # the vaulted name written back vaulted: its ciphertext, never the name
+    assert vm["name"].startswith("$ANSIBLE_VAULT;") and str(vm["memory_mib"]) == "2048"
+    assert "vault-named-vm" not in out
+    vm["name"] = "vault-named-vm"  # as Ansible decrypts it
     model = resolved(doc)
     assert model.problems == [] and model.declared["0000:00:06.0"]["use"] == "passthrough"
-    # The file stands alone: plan reads it as plan -i reads the inventory.
-    path = tmp_path / "node1.yml"
-    path.write_text(out)
-    assert main(["plan", "--json", "--root", str(H100), str(path)]) in (0, 3)
-    alone = json.loads(capsys.readouterr().out)
+    # The file stands alone: as the host's host_vars (no group_vars), plan -i reads it as the inventory.
+    alone = tmp_path / "alone"
+    (alone / "host_vars").mkdir(parents=True)
+    (alone / "hosts.yml").write_text((inventory / "hosts.yml").read_text())
+    (alone / "host_vars" / "node1.yml").write_text(out)
     from ansible.parsing.vault import VaultSecretsContext
 
+    _, by_file, _ = plan_json(capsys, "-i", str(alone), "--host", "node1", "--vault-password-file", pw)
     VaultSecretsContext._current = None  # a second inventory read, as a second gpuprov run would be
     _, by_inventory, _ = plan_json(capsys, "-i", str(inventory), "--host", "node1", "--vault-password-file", pw)
-    assert alone["vms"] == by_inventory["vms"]
+    assert by_file["vms"] == by_inventory["vms"] and by_file["vms"][0]["name"] == "<vaulted>"
 
 
 def test_init_from_the_example_inventory_names_what_the_host_refuses(capsys) -> None:
