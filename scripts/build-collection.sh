@@ -5,7 +5,7 @@
 #   ansible-galaxy collection install "$(scripts/build-collection.sh)" -p ~/.ansible/collections
 # Arguments go to dev/tools/build_collection.py (e.g. --output DIR).
 #
-# It needs Python 3.11 and ansible-core, nothing else (no gpuprov install, no apt package): the
+# It needs Python 3.9+ and ansible-core, nothing else (no gpuprov install, no apt package): the
 # ansible-galaxy of the checkout's .venv when it has one, else the one on PATH, else a virtualenv
 # of ansible-core alone (pyproject's pin, about 70 MB, made once in ~10 s) under
 # ${GPUPROV_CACHE:-$HOME/.cache/gpuprov}/ansible-core-2.19-2.20 (the pin's versions).
@@ -18,9 +18,10 @@ elif command -v ansible-galaxy >/dev/null 2>&1; then
 else
   # The ansible-core of pyproject's ansible extra (the release the collection is tested with).
   # "ansible-core>=2.19,<2.20" -> its venv ansible-core-2.19-2.20
-  read -r spec key < <(python3 -c 'import re, tomllib
-extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["ansible"]
-spec = next(d for d in extra if d.startswith("ansible-core"))
+  # (A regex, not tomllib: the Python 3.9 and 3.10 of RHEL 9 and Ubuntu 22.04 have no tomllib.)
+  read -r spec key < <(python3 -c 'import re
+text = open("pyproject.toml", encoding="utf-8").read()
+spec = re.search(r"\"(ansible-core[^\"]*)\"", text).group(1)
 print(spec, "-".join(re.findall(r"[0-9][0-9.]*", spec)))')
   venv=${GPUPROV_CACHE:-$HOME/.cache/gpuprov}/ansible-core-$key
   if [[ ! -x $venv/bin/ansible-galaxy ]]; then

@@ -14,7 +14,7 @@ The repository is the one source. This script copies (never links: links trip
   resolves; a link to a repository file the collection does not hold (a JSON schema of the
   command line, a test fixture) becomes a link to that file in the repository (galaxy.yml's
   ``repository``);
-- ``plugins/modules``, ``plugins/lookup`` and ``plugins/doc_fragments``;
+- ``plugins/modules``, ``plugins/lookup``, ``plugins/callback`` and ``plugins/doc_fragments``;
 - ``plugins/module_utils/gpuprov``: the part of the ``gpuprov`` package the modules
   import, found by following their imports (:data:`CLI_ONLY` stops the walk);
 - ``roles/`` and ``playbooks/``;
@@ -71,6 +71,7 @@ TREES = {
     "plugins/modules": "plugins/modules",
     "plugins/doc_fragments": "plugins/doc_fragments",
     "plugins/lookup": "plugins/lookup",
+    "plugins/callback": "plugins/callback",
     "roles": "roles",
     "playbooks": "playbooks",
     "collection/meta": "meta",
@@ -309,7 +310,8 @@ def sanity_ignores(copies: dict[str, Path]) -> dict[str, bytes]:
     plugins = sorted(
         dest
         for dest in copies
-        if dest.endswith(".py") and dest.split("/")[:2] in (["plugins", "modules"], ["plugins", "lookup"])
+        if dest.endswith(".py")
+        and dest.split("/")[:2] in (["plugins", "modules"], ["plugins", "lookup"], ["plugins", "callback"])
     )
     text = "".join(f"{path} {GPL_IGNORE}\n" for path in plugins if not path.endswith("/__init__.py")).encode()
     return {f"tests/sanity/ignore-{release}.txt": text for release in sanity_releases()}

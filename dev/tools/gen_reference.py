@@ -394,7 +394,7 @@ def render_cli() -> str:
         "",
         "# The `gpuprov` command line",
         "",
-        "Every command's `--help`, as the installed version prints it (`pip install gpuprov`).",
+        "Every command's `--help`, as the installed version prints it (`pipx install .`: README, Install).",
         "Exit codes: 0 done; 2 bad input (the message names the fix; nothing is read or written);",
         "3 not ready (`inspect --require-ready`, `plan` with a problem); `verify`: 1 when a check fails.",
         "",

@@ -6,8 +6,8 @@
     gpuprov fleet -i inventory.yml -f 50 --html fleet.html --prom /var/lib/node_exporter/gpuprov.prom
 
 It runs ``ansible-playbook`` on the playbook ``gpuprov.kvm.fleet_report`` (one module run per host,
-:mod:`gpuprov.report.fleet`'s :func:`host_record` on the host) with ansible.posix's ``json``
-callback, at the forks the user gives (else Ansible's own setting), and puts the results
+:mod:`gpuprov.report.fleet`'s :func:`host_record` on the host) with the collection's
+``fleet_json`` callback, at the forks the user gives (else Ansible's own setting), and puts the results
 together: each host's record, and each host that gave none listed as ``unreachable`` or
 ``failed`` with Ansible's message, never dropped. A host with ``gpuprov_root`` (a staged root
 of a capture, ``ansible_connection: local``) is read below that root: a dry-run member.
@@ -32,7 +32,7 @@ from typing import Any
 from .common import EXIT_NOT_READY, EXIT_OK, UsageError
 
 PLAYBOOK = "gpuprov.kvm.fleet_report"
-CALLBACK = "ansible.posix.json"
+CALLBACK = "gpuprov.kvm.fleet_json"  # the collection's own: the report needs ansible-core and gpuprov.kvm alone
 # A checkout's own collection (dev/tools/build_collection.py assembles it there).
 CHECKOUT_COLLECTIONS = Path(__file__).resolve().parents[2] / "build" / "collections"
 TIME_LIMIT = 3600  # seconds for the whole play (--time-limit)
@@ -47,8 +47,8 @@ def ansible_playbook() -> str:
     found = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) or shutil.which("ansible-playbook")
     if found is None:
         raise UsageError(
-            "ansible-playbook is not installed: put Ansible (ansible-core and ansible.posix) beside gpuprov or on "
-            "the PATH: pipx inject --include-apps gpuprov ansible, or pip install ansible in gpuprov's venv"
+            "ansible-playbook is not installed: put ansible-core beside gpuprov or on the PATH: pipx install "
+            "ansible-core (README, Install), or pip install ansible-core in gpuprov's venv"
         )
     return found
 
@@ -167,7 +167,7 @@ def run_play(args: argparse.Namespace) -> dict[str, Any]:
         if any("could not be found" in line or "unknown playbook" in line.lower() for line in said):
             hint = "; install the collection gpuprov.kvm (ansible-galaxy collection install) or give --playbook"
         if any(CALLBACK in line for line in said):
-            hint = "; the json callback is ansible.posix's: ansible-galaxy collection install ansible.posix"
+            hint = "; the callback is the collection's: install the collection gpuprov.kvm (README, Install)"
         raise UsageError(
             f"ansible-playbook failed (exit {done.returncode}): {said[-1][:500] if said else ''}{hint}"
         ) from None

@@ -310,3 +310,20 @@ def test_nothing_of_the_checkout_was_used(installed: dict[str, Any]) -> None:
         if not name.startswith("ansible._")  # ansible-core's own, internal
     }
     assert found == {(str(installed["collections"] / "ansible_collections"), "gpuprov.kvm", gpuprov.__version__)}
+
+
+def test_every_collection_used_is_declared() -> None:
+    """galaxy.yml declares no dependency: every module, callback or lookup the roles, the playbooks and
+    the command line name is ansible.builtin's or the collection's own (issue #50: the fleet needed
+    ansible.posix, undeclared)."""
+    from gpuprov.cli import fleet
+
+    used = {fleet.CALLBACK.rsplit(".", 1)[0]}
+    fqcn = re.compile(r"^\s*(?:-\s*)?([a-z0-9_]+\.[a-z0-9_]+)\.[a-z0-9_]+:", re.M)
+    lookups = re.compile(r"(?:lookup|query)\(\s*['\"]([a-z0-9_]+\.[a-z0-9_]+)\.")
+    for path in [*REPO.glob("roles/**/*.yml"), *REPO.glob("playbooks/**/*.yml")]:
+        text = path.read_text()
+        used |= set(fqcn.findall(text)) | set(lookups.findall(text))
+    galaxy = (REPO / "collection" / "galaxy.yml").read_text()
+    assert re.search(r"^dependencies: \{\}$", galaxy, re.M)
+    assert used <= {"ansible.builtin", "gpuprov.kvm"}, used
