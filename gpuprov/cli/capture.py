@@ -26,7 +26,7 @@ from ..facts.host import gather
 from ..facts.packages import DPKG_STATUS
 from ..facts.pci import PCI_ADDRESS_RE
 from ..facts.sysfs import Sysfs
-from ..facts.usage import _DEV_FILES
+from ..facts.usage import _DEV_FILES, guest_digest
 from .privacy import PRIVATE_NAMES, lspci_verbose, scrub_members, smi_xml, zero_dsn, zero_ids
 
 # Extra per-device files so lspci -A linux-sysfs can read the capture too
@@ -187,6 +187,12 @@ def capture(out: str, root: str = "/", *, run_commands: bool = True, _commands_o
     archive = _Archive(Sysfs(root), pids)
     for op, rel in sysfs.trace or []:
         archive.add_path(rel, listing=op == "listdir")
+    # Which VM a holder's QEMU runs (its -name guest=, or libvirt's pid file), as a digest of the name and
+    # nothing else of its command line: a capture plans a running VM's GPU as the live host does.
+    for held in facts.usage.open_files:
+        if held.guest is not None:
+            argv = f"{held.command or 'qemu'}\0-name\0guest={guest_digest(held.guest)}\0"
+            archive.add_bytes(f"proc/{held.pid}/cmdline", argv.encode("utf-8", "surrogateescape"))
     for address, dev in facts.pci.items():
         for name in _LSPCI_FILES:
             archive.add_path(f"{dev.sysfs_path}/{name}")

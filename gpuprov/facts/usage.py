@@ -69,8 +69,21 @@ class OpenDeviceFile:
         guest = "" if self.guest is None else f", guest {self.guest}"
         return f"{self.command or '?'} (pid {self.pid}{guest})"
 
+    def runs(self, vm: str) -> bool:
+        """Whether this holder is VM ``vm``'s QEMU: its guest name, or on a capture that name's digest."""
+        return self.guest is not None and self.guest in (vm, guest_digest(vm))
+
 
 MAX_GUEST_NAME = 256
+GUEST_DIGEST = "sha256:"
+
+
+def guest_digest(name: str) -> str:
+    """How a capture keeps a holder's guest name (docs/concepts/capture-privacy.md): a digest that ties the
+    holder to the VM a declaration names, and tells no name."""
+    import hashlib  # here: OpenSSL's load is not for every inspect
+
+    return GUEST_DIGEST + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
 def guest_of_cmdline(raw: bytes | None) -> str | None:

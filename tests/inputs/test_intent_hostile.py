@@ -349,6 +349,32 @@ def test_a_vfio_gpu_held_open_is_refused_unless_it_is_this_vms_own(tmp_path, cmd
         assert not plan.refusals
 
 
+@pytest.mark.parametrize("by", ["cmdline", "pidfile"])
+def test_a_capture_ties_a_holder_to_its_vm_as_the_live_host_does(tmp_path, by) -> None:
+    """Issue #50: a capture of a host whose VM runs with its GPU plans that VM as the live host does;
+    the capture keeps the guest's name as a digest and nothing else of QEMU's command line."""
+    from gpuprov.cli import rootfs
+    from gpuprov.cli.capture import capture
+
+    secret = b"-object\0secret,id=s0,data=hunter2\0"
+    cmdline = GUEST_A + secret if by == "cmdline" else b"/usr/bin/qemu-system-x86_64\0" + secret
+    live = holder_host(tmp_path / "root", cmdline, "a" if by == "pidfile" else None)
+    tarball = tmp_path / "c.tar.gz"
+    capture(str(tarball), str(tmp_path / "root"), run_commands=False)
+    raw = subprocess.run(["tar", "-xzOf", str(tarball)], capture_output=True, check=True).stdout
+    assert b"hunter2" not in raw and b"guest=a," not in raw and b"qemu/a.pid" not in raw
+    (tmp_path / "unpacked").mkdir()
+    rootfs.unpack(str(tarball), str(tmp_path / "unpacked"))
+    captured = gather(Sysfs(str(tmp_path / "unpacked")))
+    for facts in (live, captured):
+        for name, refused in (("a", False), ("b", True)):
+            plan = plan_host(facts, [{"name": name, "memory_mib": 128, "gpus": ["0000:41:00.0"]}], HostSettings(0, ""))
+            if refused:
+                assert any("in use" in r.message for r in plan.refusals), plan.refusals
+            else:
+                assert not plan.refusals and any("held open by this VM's own QEMU" in w for w in plan.warnings)
+
+
 def test_plan_on_a_capture_refuses_a_held_vfio_gpu_naming_the_holder(tmp_path, host_root, capsys) -> None:
     root = host_root("vfio-bound")
     rc, out = plan_cli(tmp_path, root, [{"name": "a", "memory_mib": 128, "gpus": ["0000:01:00.0"]}], capsys)

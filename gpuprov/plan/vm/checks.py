@@ -128,7 +128,7 @@ def _vfio_holders(vm: VmSpec, addr: str, member: str, files: list[OpenDeviceFile
     is refused, named: "it must be this VM's own" is a guess, and a wrong one takes a running
     guest's GPU."""
     device = addr if member == addr else f"{addr} ({member} of its IOMMU group)"
-    others = [f for f in files if f.guest != vm.name]
+    others = [f for f in files if not f.runs(vm.name)]
     if files and not others:
         pids = ", ".join(str(p) for p in sorted({f.pid for f in files}))
         plan.warnings.append(f"VM {vm.name}: {device} is held open by this VM's own QEMU (pid {pids}): it runs")
@@ -143,8 +143,7 @@ def _vfio_holders(vm: VmSpec, addr: str, member: str, files: list[OpenDeviceFile
     plan.refusals.append(
         Refusal(
             f"VM {vm.name}: {device} is in use: {whom}; {why}",
-            "stop that process (or the VM it runs) or give this VM another GPU; on a capture, which VM a QEMU "
-            "runs is not kept: plan on the live host, where its command line (-name guest=...) is read",
+            "stop that process (or the VM it runs) or give this VM another GPU",
             addr,
         )
     )
