@@ -143,7 +143,8 @@ def read_yaml(path: str, *, max_bytes: int = MAX_BYTES, inventory: bool = False)
                 "instead, -i INVENTORY --host HOST (with --vault-password-file FILE or --vault-id as to "
                 "ansible-playbook)"
             ) from None
-        raise YamlInputError(f"{path} is not valid YAML: {exc}") from None
+        where = str(exc).replace('"<unicode string>"', f'"{path}"')  # the file, its line and column
+        raise YamlInputError(f"{path} is not valid YAML: {where}") from None
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         # Values PyYAML's constructors choke on (an integer of 5000 digits, a bad date...).
         raise YamlInputError(f"{path} is not valid YAML: {exc}") from None

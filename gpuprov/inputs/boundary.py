@@ -139,10 +139,17 @@ def validate_host_vars(doc: Any, *, cpu_limit: int | None = None) -> tuple[HostV
         out.vm_list = _vm_list(p, doc, {}, "gpu_vms_list", "gpu_vms_defaults", cpu_limit)
         return (None, p.items) if p else (out, [])
     if not isinstance(doc, dict) or "gpu_vms_list" not in doc:
+        from .declaration import TOP_KEYS
+        from .schema_eval import did_you_mean
+
+        typo = (
+            next((hint for k in doc if (hint := did_you_mean(k, list(TOP_KEYS)))), "") if isinstance(doc, dict) else ""
+        )
         p.add(
             "(the file)",
-            "expected a list of VMs, or a mapping with gpu_vms_list (a host_vars file)",
-            "give the host's host_vars file, or a YAML list of VMs",
+            "has no gpuprov_host (nor a list of VMs, or gpu_vms_list: the old form)"
+            + (f"; {typo.removeprefix(': ')}" if typo else ""),
+            "give the host's host_vars file with gpuprov_host (gpuprov init prints a start), or a YAML list of VMs",
         )
         return None, p.items
     unknown = sorted(k for k in doc if isinstance(k, str) and k.startswith("gpu_vms_") and k not in GPU_VMS_VARIABLES)

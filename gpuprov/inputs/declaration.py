@@ -99,6 +99,8 @@ OLD_FORM = (
     "gpu_vms_reserved_cpus",
     "gpu_vms_mixed_vgpu_types",
 )
+# The variables a host_vars file may hold for gpuprov (a typo of one gets a "did you mean").
+TOP_KEYS = ("gpuprov_host", "gpuprov_layouts", "gpuprov_guest", *OLD_FORM)
 USES = ("host", "passthrough", "mdev", "sriov_vgpu", "mig")
 VGPU_USES = ("mdev", "sriov_vgpu")
 MAX_LAYOUTS = 1024  # named layouts, and a layout file's configs

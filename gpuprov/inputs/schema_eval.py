@@ -22,6 +22,7 @@ Standard library only (ships to targets with the modules).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 from typing import Any
@@ -66,6 +67,14 @@ KEYWORDS = frozenset(
         "else",
     }
 )  # what Evaluator walks; the rest are annotations ($schema, $id, $defs, title, description)
+
+
+def did_you_mean(value: Any, names: list[Any]) -> str:
+    """``: did you mean 'passthrough'?`` for a string close to one of ``names`` (a typo), else nothing."""
+    if not isinstance(value, str) or len(value) > 200:
+        return ""
+    close = difflib.get_close_matches(value, [n for n in names if isinstance(n, str)], n=1, cutoff=0.75)
+    return f": did you mean {close[0]!r}?" if close else ""
 
 
 def _fix(schema: dict[str, Any]) -> str | None:
@@ -171,7 +180,8 @@ class Evaluator:
             p.add(path, f"{shown(value)} is not {_word(schema['const'])}", _fix(schema))
             return
         if "enum" in schema and not any(_equal(value, v) for v in schema["enum"]):
-            p.add(path, f"{shown(value)} is not one of {', '.join(map(_word, schema['enum']))}", _fix(schema))
+            said = f"{shown(value)} is not one of {', '.join(map(_word, schema['enum']))}"
+            p.add(path, said + did_you_mean(value, schema["enum"]), _fix(schema))
             return
         if isinstance(value, str):
             self._string(p, schema, value, path)
@@ -240,6 +250,6 @@ class Evaluator:
                 self._walk(p, properties[key], item, where, depth + 1)
             elif extra is False:
                 known = ", ".join(properties) or "none"
-                p.add(where, "is not a known key", f"known keys here: {known}")
+                p.add(where, "is not a known key" + did_you_mean(key, list(properties)), f"known keys here: {known}")
             elif isinstance(extra, dict):
                 self._walk(p, extra, item, where, depth + 1)

@@ -483,8 +483,20 @@ def _gpu_ref(
             return list(gpu.addresses)
         j = int(index.rstrip("]"))
         if j >= len(gpu.addresses):
+            name = ref.split("[", 1)[0]
+            there = ", ".join(f"{name}[{i}] = {a}" for i, a in enumerate(gpu.addresses[:8])) or "none"
+            more = " ..." if len(gpu.addresses) > 8 else ""
             model.refusals.append(
-                Refusal(f"{where}: {ref!r}: {gpu.where} selects {len(gpu.addresses)} GPU(s)", "count from 0")
+                Refusal(
+                    f"{where}: {ref!r}: {gpu.where} selects {len(gpu.addresses)} GPU(s) on this host ({there}{more})",
+                    (
+                        f"count from 0: use {name}[0]"
+                        if len(gpu.addresses) == 1
+                        else f"count from 0: use one of {name}[0] to {name}[{len(gpu.addresses) - 1}]"
+                    )
+                    if gpu.addresses
+                    else "fix the entry's selector or address, or give the VM another GPU",
+                )
             )
             return []
         return [gpu.addresses[j]]

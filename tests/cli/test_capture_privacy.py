@@ -30,7 +30,7 @@ from gpuprov.cli.privacy import kernel_cmdline, lspci_verbose, scrub_members, sm
 from gpuprov.cli.rootfs import unpack
 from gpuprov.facts.gpus import parse_smi_xml
 from gpuprov.facts.sysfs import Sysfs
-from gpuprov.facts.usage import read_usage
+from gpuprov.facts.usage import guest_digest, read_usage
 from tests.fakehost import FakeHost
 from tests.verify.test_verify_nvml import as_vgpu
 
@@ -331,7 +331,11 @@ def test_the_commands_were_captured_without_what_identifies(captured) -> None:
     assert "<product_name>NVIDIA A100 80GB PCIe</product_name>" in smi and "vgpu_instance" not in smi
     assert cmdline == "intel_iommu=on iommu=pt fbcon=map:0\n"
     private = ("address", "perm_addr", "phys_switch_id", "serial", "serial_number", "wwid", "eui", "cmdline", "environ")
-    assert not [n for n in names if n.rsplit("/", 1)[-1] in private and n != "proc/cmdline"]
+    # A holder's command line is kept as the digest of its guest name alone (issue #50).
+    assert not [n for n in names if n.rsplit("/", 1)[-1] in private and n not in ("proc/cmdline", "proc/4242/cmdline")]
+    with tarfile.open(out) as tar:
+        holder = tar.extractfile("proc/4242/cmdline").read()  # type: ignore[union-attr]
+    assert holder == b"qemu-system-x86\0-name\0guest=" + guest_digest("secret-vm-name").encode() + b"\0"
     assert not [n for n in names if n.startswith(("etc/hostname", "etc/machine-id", "sys/class/dmi", "proc/sys/"))]
 
 

@@ -360,7 +360,7 @@ YAML_CASES: list[tuple[str, Callable[[Path], None], str]] = [
     ("python-tag", lambda p: p.write_text("gpu_vms_list: !!python/object/apply:os.system ['id']\n"), "valid YAML"),
     ("two-documents", lambda p: p.write_text("gpu_vms_list: []\n---\ngpu_vms_list: []\n"), "single document"),
     ("control-character", lambda p: p.write_text("gpu_vms_list: [{name: a\x07}]\n"), "special characters"),
-    ("empty", lambda p: p.write_text(""), "expected a list of VMs"),
+    ("empty", lambda p: p.write_text(""), "has no gpuprov_host"),
     ("junk", lambda p: p.write_bytes(random.Random(11).randbytes(4096)), "gpuprov: error:"),
     ("fifo", lambda p: os.mkfifo(p), "is not a regular file"),
     ("directory", lambda p: p.mkdir(), "is not a regular file"),

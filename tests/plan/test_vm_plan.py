@@ -373,7 +373,7 @@ def test_plan_table_when_all_is_well(host_root, tmp_path, capsys) -> None:
     ("content", "text"),
     [
         ("gpu_vms_list: [a: [", "is not valid YAML"),
-        ("just: a mapping\n", "expected a list of VMs, or a mapping with gpu_vms_list"),
+        ("just: a mapping\n", "has no gpuprov_host (nor a list of VMs, or gpu_vms_list: the old form)"),
     ],
 )
 def test_plan_bad_input_exits_2(host_root, tmp_path, capsys, content, text) -> None:
