@@ -25,14 +25,12 @@ from typing import Any
 def print_plan(report: dict[str, Any]) -> None:
     from rich.text import Text
 
-    from .table import ValueTable, make_console
+    from .table import fitted, make_console
     from .textsafe import safe_data
 
     report = safe_data(report)  # every value escaped before it is laid out (docs/output.md)
     console = make_console()
-    table = ValueTable(title=f"VM plan for {report['root']}", title_justify="left")
-    for column in ("VM", "state", "memory", "vCPUs", "node", "host CPUs", "hugepages", "devices"):
-        table.add_column(column)
+    rows: list[list[Any]] = []
     for vm in report["vms"]:
         placement = vm["placement"] or {}
         slots = placement.get("pci_slots") or []
@@ -41,19 +39,22 @@ def print_plan(report: dict[str, Any]) -> None:
         hugepage = placement.get("hugepage_kib")
         node = placement.get("numa_node")
         cells = placement.get("numa_cells") or []
-        table.add_row(
-            vm["name"],
-            vm["state"],
-            f"{vm['memory_mib']} MiB",
-            str(vm["vcpus"]),
-            "cells" if cells else "-" if node is None else str(node),
-            "not pinned" if cpus is None else "by cell" if cells else ",".join(map(str, cpus)),
-            "no" if not hugepage else f"{hugepage} KiB",
-            "by cell" if cells else "\n".join(devices) or "-",
+        rows.append(
+            [
+                vm["name"],
+                vm["state"],
+                f"{vm['memory_mib']} MiB",
+                str(vm["vcpus"]),
+                "cells" if cells else "-" if node is None else str(node),
+                "not pinned" if cpus is None else "by cell" if cells else ",".join(map(str, cpus)),
+                "no" if not hugepage else f"{hugepage} KiB",
+                "by cell" if cells else "\n".join(devices) or "-",
+            ]
         )
-        for row in cell_rows(placement):
-            table.add_row(*row)
-    console.print(table)
+        rows += [list(row) for row in cell_rows(placement)]
+    columns = ["VM", "state", "memory", "vCPUs", "node", "host CPUs", "hugepages", "devices"]
+    for part in fitted(console, f"VM plan for {report['root']}", columns, rows, whole=("VM", "devices")):
+        console.print(part)
     memory = report["resources"].get("memory") or {}
     cpus = report["resources"].get("cpus") or {}
     if memory:

@@ -99,6 +99,34 @@ def compact_table(title: str) -> ValueTable:
     )
 
 
+def fitted(
+    console: Console, title: str, columns: list[str], rows: list[list[Any]], *, whole: tuple[str, ...] = ()
+) -> list[RenderableType]:
+    """A table of ``rows`` when it fits the console with the ``whole`` columns (addresses, names, ids)
+    and every word unbroken; else one record per row, stacked (``column: value`` under the row's
+    first value), so at 60 or 80 columns nothing is split mid-word (docs/output.md, "Width")."""
+    from rich.measure import Measurement
+
+    table = ValueTable(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, no_wrap=column in whole, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    wide = console.options.update(max_width=100_000)  # Rich clamps a measure to the width it is given
+    if Measurement.get(console, wide, table).minimum <= console.options.max_width:
+        return [table]
+    out: list[RenderableType] = [Text(safe_text(title), style="bold")]
+    for row in rows:
+        for i, (column, cell) in enumerate(zip(columns, row)):
+            text = cell if isinstance(cell, Text) else Text(safe_text("" if cell is None else cell))
+            if i and not text.plain.strip():
+                continue
+            joined = Text("; ").join(text.split("\n"))  # a cell's own lines: one record line each
+            lead = f"  {column}: " if i else (f"{column} " if column else "")
+            out.append(Hanging(Text(lead) + joined, 4))
+    return out
+
+
 class Hanging:
     """Text wrapped to the width it is drawn at, each line after the first indented ``indent``
     cells past the first line's own indent (a fix under its finding, never from column 0)."""

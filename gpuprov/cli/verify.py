@@ -21,7 +21,7 @@ _STYLE = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "bold
 def print_report(report: dict[str, Any], console: Any = None) -> None:
     from rich.text import Text
 
-    from .table import ValueTable, make_console
+    from .table import ValueTable, fitted, make_console
     from .textsafe import safe_data
 
     report = safe_data(report)  # every value escaped before it is laid out (docs/output.md)
@@ -33,9 +33,7 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     source = f"; GPUs from {report['gpus_from']}" if report["gpus_from"] else ""
     console.print(Text(f"NVIDIA driver: {version or 'none'}{cuda}{source}"))
     if report["gpus"]:
-        table = ValueTable(title="GPUs", title_justify="left")
-        for col in ("#", "Address", "Name", "Memory", "PCIe link (GPU)", "PCIe link (sysfs)", "Virtualization", "MIG"):
-            table.add_column(col, overflow="fold")
+        rows = []
         for g in report["gpus"]:
             link = g["link"]
             own = (
@@ -54,29 +52,30 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
             if g["vgpu"] and g["vgpu"]["profile"]:
                 virt += f" {g['vgpu']['profile']}"
             mem = "-" if g["memory_total_mib"] is None else f"{g['memory_total_mib']} MiB"
-            table.add_row(
-                str(g["index"]),
-                g["address"] or "-",
-                g["name"] or "-",
-                mem,
-                own,
-                sys_link,
-                virt,
-                g["mig"]["current"] or "-",
+            rows.append(
+                [
+                    str(g["index"]),
+                    g["address"] or "-",
+                    g["name"] or "-",
+                    mem,
+                    own,
+                    sys_link,
+                    virt,
+                    g["mig"]["current"] or "-",
+                ]
             )
-        console.print(table)
-    checks = ValueTable(title="Checks", title_justify="left")
-    for col in ("", "Check", "GPU", "Result"):
-        checks.add_column(col, overflow="fold")
+        columns = ["GPU", "Address", "Name", "Memory", "PCIe link (GPU)", "PCIe link (sysfs)", "Virtualization", "MIG"]
+        for part in fitted(console, "GPUs", columns, rows, whole=("GPU", "Address")):
+            console.print(part)
+    rows = []
     for c in report["checks"]:
         mark, style = _STYLE[c["status"]]
         result = Text(c["message"])
         if c["fix"] and c["status"] != "ok":
             result.append(f"\nfix: {c['fix']}", "cyan")
-        checks.add_row(
-            Text(f"{mark} {c['status']}", style), c["id"], "-" if c["gpu"] is None else str(c["gpu"]), result
-        )
-    console.print(checks)
+        rows.append([Text(f"{mark} {c['status']}", style), c["id"], "-" if c["gpu"] is None else str(c["gpu"]), result])
+    for part in fitted(console, "Checks", ["", "Check", "GPU", "Result"], rows, whole=("", "Check", "GPU")):
+        console.print(part)
     bench = report["bench"]
     if bench and bench["results"]:
         table = ValueTable(title=f"Bench ({bench['backend']})", title_justify="left")
