@@ -20,22 +20,9 @@ GPU named but not declared, a VM's values merged with ``vm_defaults`` (a disk ne
 path, a boot a kernel, a cpuset one CPU per vCPU), a cpulist's ranges (low-high, each CPU once,
 within the host), what names stand for on the host, and a layout file's entries taken together.
 
-The evaluator knows the keywords the schema uses, with JSON Schema's meaning: ``$ref`` (local),
-``type``, ``const``, ``enum``, ``pattern``, ``minLength``/``maxLength``, ``minimum``/``maximum``,
-``items``, ``minItems``/``maxItems``, ``uniqueItems``, ``properties``, ``required``,
-``additionalProperties``, ``propertyNames``, ``minProperties``/``maxProperties``, ``allOf``,
-``not`` and ``if``/``then``/``else`` (the test holds the schema to that list). Two notes:
-
-- patterns are written to mean the same in ECMA-262 (JSON Schema's dialect) and in Python's
-  ``re`` (the ``jsonschema`` package's): ASCII classes, no ``\\d``/``\\w``/``\\s``, and each ends
-  ``$(?!\\n)``, the end of the text in both (Python's ``$`` alone also matches before a final
-  newline);
-- a whole number is an integer as YAML writes it: ``1.0`` is YAML's float and is refused here
-  (a JSON validator, for which 1.0 is the integer 1, takes it: the one place they differ).
-
-Each problem names its path (``gpuprov_host.gpus[2].use``) and, as its fix, the ``description``
-of the rule it broke. Sizes are checked before contents (every list and mapping the schema walks
-is bounded), so a huge list is refused without being walked.
+The schema is evaluated by :class:`gpuprov.inputs.schema_eval.Evaluator` (the keywords it knows,
+how its patterns and whole numbers read); each problem names its path (``gpuprov_host.gpus[2].use``)
+and, as its fix, the ``description`` of the rule it broke.
 
 Standard library only (ships to targets with the modules).
 """
