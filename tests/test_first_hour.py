@@ -14,7 +14,8 @@ STEPS = (
     "gpuprov --version",
     "gpuprov inspect (a capture)",
     "gpuprov init (a capture)",
-    "gpuprov plan -i the example inventory",
+    "gpuprov plan -i the example inventory --host gpu-node-01",
+    "gpuprov plan -i the example inventory --host gpu-node-02",
     "gpuprov fleet (a staged capture)",
     "total",
 )

@@ -190,7 +190,7 @@ def test_init_starts_from_the_inventory_declaration_layout_vault_and_jinja(capsy
 def test_init_from_the_example_inventory_names_what_the_host_refuses(capsys) -> None:
     doc, out, err = init_doc(capsys, "-i", str(EXAMPLE), "--host", "gpu-node-01")
     names = [g["name"] for g in doc["gpuprov_host"]["gpus"]]
-    assert names == ["console", "big", "a100", "gpu0"]  # declared entries kept, then the GPU none covers
+    assert names == ["console", "big", "v100", "gpu0"]  # declared entries kept, then the GPU none covers
     assert "not declared in the inventory" in out and [vm["name"] for vm in doc["gpuprov_host"]["vms"]] == [
         "trainer",
         "notebook-1",
