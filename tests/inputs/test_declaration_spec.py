@@ -568,14 +568,18 @@ def test_the_schema_uses_only_keywords_the_validator_evaluates() -> None:
 
 
 def test_every_list_and_mapping_the_validator_walks_is_bounded() -> None:
+    checked = {"array": 0, "object": 0}
     for where, node in nodes(SCHEMA):
         types = node.get("type", [])
         types = [types] if isinstance(types, str) else types
         walks = {"items", "uniqueItems", "properties", "additionalProperties", "propertyNames", "required"} & set(node)
         if "array" in types and walks:
+            checked["array"] += 1
             assert "maxItems" in node, where
         if "object" in types and walks and where != "#":  # the file's other variables are not walked
+            checked["object"] += 1
             assert "maxProperties" in node or node.get("additionalProperties") is False, where
+    assert checked["array"] >= 10 and checked["object"] >= 10, checked  # the walk reached the schema's nodes
 
 
 def test_every_pattern_means_the_same_in_ecma_262_and_python() -> None:

@@ -4,6 +4,7 @@ it is data, never reaches a command as an option nor a written file as a line of
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -120,6 +121,8 @@ def test_hostile_daemon_json_is_refused_naming_it(tmp_path_factory, daemon) -> N
     p = plan(root, GuestToolkitOptions(parts=["runtime"], cdi=False))
     if p.refused:
         assert "/etc/docker/daemon.json" in p.refusal_text() or "nvidia-ctk" in p.refusal_text()
+    else:  # taken: only a JSON object (or nothing at all) may be, never a list, a number or text
+        assert not daemon.strip() or isinstance(json.loads(daemon), dict), daemon
 
 
 @BUDGET
