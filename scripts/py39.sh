@@ -87,6 +87,14 @@ DESELECT=(
   # `gpuprov fleet` runs ansible-playbook; `gpuprov plan -i INVENTORY` reads through Ansible's
   # controller code. The fleet document, its page and metrics are tested here without it.
   tests/cli/test_inventory.py
+  tests/cli/test_inventory_secrets.py
+  tests/cli/test_inventory_hostile.py::test_a_good_inventory_still_reads
+  tests/cli/test_inventory_hostile.py::test_a_dry_run_runs_no_lookup_the_inventory_holds
+  tests/cli/test_inventory_hostile.py::test_trust_inventory_templates_as_the_play_does
+  tests/cli/test_inventory_hostile.py::test_a_pure_lookup_is_evaluated
+  tests/cli/test_inventory_hostile.py::test_an_inventory_script_is_not_run_without_trust
+  tests/cli/test_inventory_hostile.py::test_ansible_reading_past_its_time_limit_is_stopped
+  tests/cli/test_inventory_hostile.py::test_the_fleet_play_is_stopped_at_its_time_limit
   tests/cli/test_fleet.py::test_every_host_is_listed_and_matches_the_schema
   tests/cli/test_fleet.py::test_each_change_is_reported_on_its_host_and_nothing_else
   tests/cli/test_fleet.py::test_the_moved_gpu_names_its_entry_and_where_it_went
