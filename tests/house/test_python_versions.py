@@ -273,7 +273,7 @@ def install_commands() -> list[str]:
 
 def test_the_readme_installs_the_cli_where_pep_668_allows() -> None:
     commands = install_commands()
-    assert "sudo apt install pipx" in commands, commands  # Debian 12 has pipx; Ubuntu 22.04 too
+    assert any(c.startswith("sudo apt-get install -y pipx") for c in commands), commands  # Debian 12, Ubuntu 22.04
     assert "pipx install ." in commands, commands
     venvs: set[str] = set()
     for command in commands:
