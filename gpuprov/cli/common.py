@@ -58,3 +58,9 @@ def read_input(path: str) -> Any:
         return read_yaml(path)
     except YamlInputError as exc:
         raise UsageError(str(exc)) from None
+
+
+def add_json_arguments(parser: Any, what: str, schema: str) -> None:
+    """``--json`` (the document, indented on a terminal, one line into a pipe) and ``--compact``."""
+    parser.add_argument("--json", action="store_true", help=f"print {what} as JSON (schema {schema})")
+    parser.add_argument("--compact", action="store_true", help="with --json: one line, even on a terminal")

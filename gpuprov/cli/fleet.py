@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_NOT_READY, EXIT_OK, UsageError
+from .common import EXIT_NOT_READY, EXIT_OK, UsageError, add_json_arguments
 
 PLAYBOOK = "gpuprov.kvm.fleet_report"
 CALLBACK = "gpuprov.kvm.fleet_json"  # the collection's own: the report needs ansible-core and gpuprov.kvm alone
@@ -237,7 +237,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     if args.prom:
         write_file(args.prom, prometheus_text(document))
     if args.json:
-        write_json(document, sys.stdout)
+        write_json(document, sys.stdout, compact=args.compact)
     else:
         print_summary(document)
     behind = [h for h in document["hosts"] if h["status"] != "converged"]
@@ -291,7 +291,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"stop ansible-playbook after this long (default {TIME_LIMIT}); one host's reading task is stopped "
         f"after ANSIBLE_TASK_TIMEOUT seconds (default {TASK_TIMEOUT}) and reported failed",
     )
-    p.add_argument("--json", action="store_true", help="print the document as JSON (schema gpuprov.fleet/v1)")
+    add_json_arguments(p, "the document", "gpuprov.fleet/v1")
     p.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page to FILE")
     p.add_argument(
         "--prom",

@@ -14,7 +14,16 @@ import sys
 from typing import Any
 
 from .. import __version__
-from .common import EXIT_BAD_INPUT, EXIT_NOT_READY, EXIT_OK, UsageError, addresses, host_root, read_input
+from .common import (
+    EXIT_BAD_INPUT,
+    EXIT_NOT_READY,
+    EXIT_OK,
+    UsageError,
+    add_json_arguments,
+    addresses,
+    host_root,
+    read_input,
+)
 
 # ---------------------------------------------------------------- inspect
 
@@ -60,7 +69,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     report = build_report(facts, gpus)
     report["host"]["root"] = args.root
     if args.json:
-        write_json(report, sys.stdout)
+        write_json(report, sys.stdout, compact=args.compact)
     else:
         from .table import print_report
 
@@ -241,7 +250,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "through to a VM and every reason why not. Read-only; runs as a normal user.",
     )
     p.add_argument("--root", default="/", help="read this root (an unpacked capture, or its .tar.gz) instead of /")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (schema gpuprov.inspect/v1)")
+    add_json_arguments(p, "the report", "gpuprov.inspect/v1")
     p.add_argument("--all", action="store_true", help="also list every PCI device and IOMMU group")
     p.add_argument(
         "--device",

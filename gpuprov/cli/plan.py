@@ -180,7 +180,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_declared_mdevs(plan, declared)
     report = plan_report(plan, args.root)
     if args.json:
-        write_json(report, sys.stdout)
+        write_json(report, sys.stdout, compact=args.compact)
     else:
         print_plan(report)
     return EXIT_NOT_READY if plan.refused else EXIT_OK
@@ -188,6 +188,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``gpuprov plan``."""
+    from .common import add_json_arguments
+
     p = sub.add_parser(
         "plan",
         help="check a host's VM list (GPUs, vGPUs, CPUs, memory) against the host; exit 3 on any problem",
@@ -206,7 +208,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     add_arguments(p)
     p.add_argument("--root", default="/", help="read this root (an unpacked capture, or its .tar.gz) instead of /")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON (schema gpuprov.plan/v1)")
+    add_json_arguments(p, "the plan", "gpuprov.plan/v1")
     p.add_argument(
         "--reserved-memory-mib",
         type=int,

@@ -223,7 +223,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot write {picture}: {exc.strerror}; give a path in a writable directory") from None
     if args.json:
-        write_json(document, sys.stdout)
+        write_json(document, sys.stdout, compact=args.compact)
     elif picture:
         count = document["gpu_count"]
         print(f"wrote {safe_text(picture)}: {count} GPU{'s' * (count != 1)}")
@@ -234,6 +234,8 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``gpuprov topology``."""
+    from .common import add_json_arguments
+
     p = sub.add_parser(
         "topology",
         help="show where each GPU sits: NUMA node, root port, switch, IOMMU group, companions, verdict "
@@ -250,7 +252,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     picture.add_argument(
         "--html", metavar="FILE", help="write the picture as a small HTML page to FILE ('-': to stdout)"
     )
-    p.add_argument("--json", action="store_true", help="print the topology as JSON (schema gpuprov.topology/v1)")
+    add_json_arguments(p, "the topology", "gpuprov.topology/v1")
     p.add_argument(
         "--device",
         action="append",

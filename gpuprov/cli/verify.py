@@ -140,7 +140,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = build_report(facts, checks)
     report["host"]["root"] = args.root
     if args.json:
-        write_json(report, sys.stdout)
+        write_json(report, sys.stdout, compact=args.compact)
     else:
         print_report(report)
     return EXIT_OK if report["summary"]["passed"] else EXIT_FAILED
@@ -148,6 +148,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``gpuprov verify``."""
+    from .common import add_json_arguments
+
     p = sub.add_parser(
         "verify",
         help="check that the GPUs work here: driver, GPUs, PCIe link, vGPU memory, container runtime (--bench: speed)",
@@ -163,7 +165,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="/",
         help="read this root (an unpacked capture, or its .tar.gz) instead of /; runs no NVML, container or bench",
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON (schema gpuprov.verify/v1)")
+    add_json_arguments(p, "the report", "gpuprov.verify/v1")
     p.add_argument(
         "--bench",
         action="store_true",
