@@ -25,6 +25,10 @@ IOMMU_ARGS = "BOOT_IMAGE=/vmlinuz-6.1.0-28-amd64 root=/dev/sda1 ro quiet intel_i
 def _common(root: Path) -> FakeHost:
     fake = FakeHost(root)
     fake.cmdline = IOMMU_ARGS
+    # GRUB configures what the host booted with: no reboot owed, and the playbook's dry run reads it.
+    fake.write("etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet intel_iommu=on iommu=pt"\n')
+    fake.write("usr/sbin/update-grub", "#!/bin/sh\n")
+    fake.write("etc/os-release", 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n')
     fake.write("sys/class/iommu/dmar0/devices/.keep", "")
     fake.pci("0000:00:00.0", cls=0x060000, vendor=0x8086, device=0x1234, group=0, numa_node=0)
     # The console's GPU, on the boot display: it stays with the host.

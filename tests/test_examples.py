@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,40 @@ def test_the_shipped_captures_are_what_the_builder_makes(capsys, tmp_path: Path,
     for _code, report in (shipped, built):
         report.pop("root", None)
     assert shipped == built, "rebuild them: python -m tests.examplehosts"
+
+
+def test_the_host_stage_dry_runs_against_a_capture(tmp_path: Path) -> None:
+    """The playbook's host stage in check mode against a capture (no host at all): gpuprov_root gives every
+    role the staged root; it shows the changes a real host would get and changes nothing (issue #50, item 6)."""
+    import os
+    import subprocess
+
+    from gpuprov.cli import rootfs
+    from tests.conftest import collections_path, tree_digest
+
+    root = tmp_path / "root"
+    root.mkdir()
+    rootfs.unpack(str(examplehosts.CAPTURES / "gpu-node-01.tar.gz"), str(root))
+    before = tree_digest(root)
+    collections_path()
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    cmd = [
+        str(Path(sys.executable).parent / "ansible-playbook"),
+        "-i",
+        str(EXAMPLE),
+        "gpuprov.kvm.hosts",
+        "--check",
+        "--diff",
+        "-l",
+        "gpu-node-01",
+        "-c",
+        "local",
+        "-e",
+        f"gpuprov_root={root}",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0 and "failed=0" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "0000:41:00.0/driver_override" in proc.stdout and "vfio_pci" in proc.stdout  # what a host would get
+    assert tree_digest(root) == before

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from .. import __version__
+from ..facts.boot import gather as gather_boot
 from ..facts.host import gather
 from ..facts.packages import DPKG_STATUS
 from ..facts.pci import PCI_ADDRESS_RE
@@ -183,6 +184,9 @@ def capture(out: str, root: str = "/", *, run_commands: bool = True, _commands_o
         raise CaptureError(f"directory '{parent}' does not exist: create it or write the capture elsewhere")
     sysfs = Sysfs(root, trace=True)
     facts = gather(sysfs)
+    # The kernel arguments configured (GRUB's defaults and drop-ins, /etc/kernel/cmdline), scrubbed as
+    # /proc/cmdline is: the playbook's dry run and the fleet's drift read them from a capture too.
+    gather_boot(sysfs)
     pids = {str(f.pid) for f in facts.usage.open_files}
     archive = _Archive(Sysfs(root), pids)
     for op, rel in sysfs.trace or []:

@@ -541,7 +541,30 @@ _MAC_NAME = re.compile(r"^(en|wl|ww|sl|ib)x[0-9a-fA-F]{12}$")
 _NET_FILE = re.compile(r"^proc/(?:\d+/)?net/(route|fib_trie|if_inet6|ipv6_route)$")
 _MOUNTS = re.compile(r"^proc/(?:\d+/)?mounts$")
 _DM_NAME = re.compile(r"^sys/.*/(dm-\d+)/dm/name$")
+_GRUB_LINE = re.compile(r'^(GRUB_[A-Z0-9_]+)=(["\']?)(.*)\2\s*$')
+_GRUB_DEFAULTS = re.compile(r"^etc/default/grub(\.d/[^/]+\.cfg)?$")
+
+
+def grub_defaults(text: str) -> str:
+    """/etc/default/grub (and its grub.d drop-ins) with only GRUB_ settings, comments left out, no
+    setting named for a password, and each kernel command line scrubbed as /proc/cmdline is (its
+    ``$GRUB_...`` references kept): what the kernel-argument planner and the drift check read."""
+    out = []
+    for line in text.splitlines():
+        m = _GRUB_LINE.match(line.strip())
+        if m is None or "PASSWORD" in m.group(1):
+            continue
+        key, quote, value = m.groups()
+        if key.startswith("GRUB_CMDLINE_"):
+            refs = [t for t in value.split() if t.startswith("$")]
+            value = " ".join([*refs, *kernel_cmdline(value).split()])
+        mark = quote or '"'
+        out.append(f"{key}={mark}{value}{mark}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
 _FILES: dict[str, Callable[[str], str]] = {
+    "etc/kernel/cmdline": kernel_cmdline,
     "proc/cmdline": kernel_cmdline,
     "proc/version": kernel_version,
     "proc/cpuinfo": cpuinfo,
@@ -598,6 +621,8 @@ def _rewrite_file(
 ) -> bytes | str | None:
     if rel in _FILES:
         return _FILES[rel](_text(payload)).encode()
+    if _GRUB_DEFAULTS.match(rel):
+        return grub_defaults(_text(payload)).encode()
     if m := _NET_FILE.match(rel):
         which, text = m.group(1), _text(payload)
         if which == "fib_trie":

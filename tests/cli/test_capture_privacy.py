@@ -237,6 +237,11 @@ def secret_host(root: Path) -> FakeHost:
     fake.open_file(4242, "qemu-system-x86", "/dev/vfio/5")
     fake.write("proc/4242/cmdline", "qemu-system-x86_64\0-name\0guest=secret-vm-name\0")
     fake.write("proc/4242/environ", "PASSWORD=hunter2\0")
+    fake.write(  # the configured kernel arguments: captured for the dry run, scrubbed as /proc/cmdline
+        "etc/default/grub",
+        f"GRUB_DEFAULT=0\nGRUB_PASSWORD=s3cr3t\n# {HOST}\n"
+        f'GRUB_CMDLINE_LINUX_DEFAULT="quiet intel_iommu=on password=hunter2 root=UUID={ROOT_UUID}"\n',
+    )
 
     nic = fake.pci(NIC, cls=0x020000, vendor=0x15B3, device=0x1017, driver="mlx5_core", group=6)
     config[0x104:0x10C] = _dsn_bytes("52-54-00-ff-ff-12-34-56")
@@ -330,6 +335,9 @@ def test_the_commands_were_captured_without_what_identifies(captured) -> None:
     assert "Vital Product Data (left out)" in vvv and "Kernel driver in use: mlx5_core" in vvv
     assert "<product_name>NVIDIA A100 80GB PCIe</product_name>" in smi and "vgpu_instance" not in smi
     assert cmdline == "intel_iommu=on iommu=pt fbcon=map:0\n"
+    with tarfile.open(out) as tar:
+        grub = tar.extractfile("etc/default/grub").read().decode()  # type: ignore[union-attr]
+    assert grub == 'GRUB_DEFAULT="0"\nGRUB_CMDLINE_LINUX_DEFAULT="intel_iommu=on"\n', grub
     private = ("address", "perm_addr", "phys_switch_id", "serial", "serial_number", "wwid", "eui", "cmdline", "environ")
     # A holder's command line is kept as the digest of its guest name alone (issue #50).
     assert not [n for n in names if n.rsplit("/", 1)[-1] in private and n not in ("proc/cmdline", "proc/4242/cmdline")]
