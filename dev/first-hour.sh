@@ -16,9 +16,14 @@ trap 'rm -rf "$work"' EXIT
 export HOME=$work/home PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 unset VIRTUAL_ENV PYTHONPATH ANSIBLE_CONFIG ANSIBLE_COLLECTIONS_PATH PIP_REQUIRE_VIRTUALENV
 mkdir -p "$HOME"
-git clone -q "$repo" "$work/gpuprov"
-# What is not committed is in no user's clone, but it is what this walk must check.
-(cd "$repo" && git ls-files -m -o --exclude-standard -z) | (cd "$repo" && xargs -0r cp --parents -t "$work/gpuprov")
+if git -C "$repo" rev-parse --git-dir >/dev/null 2>&1; then
+  git clone -q "$repo" "$work/gpuprov"
+  # What is not committed is in no user's clone, but it is what this walk must check.
+  (cd "$repo" && git ls-files -m -o --exclude-standard -z) | (cd "$repo" && xargs -0r cp --parents -t "$work/gpuprov")
+else  # a checkout without its .git (an exported tree): the tree as it is, without what a build left
+  mkdir "$work/gpuprov"
+  tar -C "$repo" --exclude=./.venv --exclude=./.venv-system --exclude=./build -cf - . | tar -C "$work/gpuprov" -xf -
+fi
 
 total=0
 step() {  # step NAME -- COMMAND...: run it, print its time
