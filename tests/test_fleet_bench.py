@@ -60,7 +60,10 @@ def test_inventory_gives_each_host_its_own_root_and_the_declaration(tmp_path: Pa
     for h in hosts.values():
         assert h["ansible_connection"] == "local"
         assert h["ansible_python_interpreter"] == "/usr/bin/python3"
-        assert h["gpuprov_host"] == {"gpus": [{"name": "gpu", "address": "0000:01:00.0", "use": "passthrough"}]}
+        assert h["gpuprov_host"] == {
+            "version": 1,
+            "gpus": [{"name": "gpu", "address": "0000:01:00.0", "use": "passthrough"}],
+        }
 
 
 def test_stage_copies_the_capture_with_the_converged_grub_file(tmp_path: Path) -> None:

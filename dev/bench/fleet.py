@@ -234,7 +234,7 @@ def parse_counts(text: str, option: str) -> list[int]:
 
 def declaration(gpu: str) -> dict[str, Any]:
     """The ``gpuprov_host`` of every fake host: the capture's GPU, whole, to VMs."""
-    return {"gpus": [{"name": "gpu", "address": gpu, "use": "passthrough"}]}
+    return {"version": 1, "gpus": [{"name": "gpu", "address": gpu, "use": "passthrough"}]}
 
 
 def inventory(

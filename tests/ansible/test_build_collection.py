@@ -179,7 +179,7 @@ def test_the_sanity_ignores_name_every_plugin_for_each_admitted_release() -> Non
     assert sorted(ignores) == ["tests/sanity/ignore-2.18.txt", "tests/sanity/ignore-2.19.txt"]
     plugins = sorted(
         f"plugins/{kind}/{p.name}"
-        for kind in ("modules", "lookup")
+        for kind in ("modules", "lookup", "callback")
         for p in (tool.REPO / "plugins" / kind).glob("*.py")
     )
     for text in ignores.values():

@@ -37,7 +37,7 @@ def run(tmp_path: Path, plays: list[dict], first: Path) -> list[tuple[str, dict]
     collections_path()
     playbook = tmp_path / "play.yml"
     playbook.write_text(json.dumps(plays))
-    host = {"gpus": [{"name": "gpu", "address": "0000:01:00.0", "use": "passthrough"}]}
+    host = {"version": 1, "gpus": [{"name": "gpu", "address": "0000:01:00.0", "use": "passthrough"}]}
     cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", str(playbook)]
     cmd += [
         "-e",

@@ -312,17 +312,6 @@ def test_the_published_schema_is_the_one_in_the_package() -> None:
 # ---------------------------------------------------------------- the shipped inventories
 
 
-@pytest.mark.parametrize("node", ["gpu-node-01", "gpu-node-02"])
-def test_the_example_inventory_plans_on_a_host_like_it(tmp_path, host, capsys, node) -> None:
-    example = Path(__file__).parents[2] / "inventories/example"
-    group = yaml.safe_load((example / "group_vars/gpu_hosts.yml").read_text())
-    doc = {**group, **yaml.safe_load((example / f"host_vars/{node}.yml").read_text())}
-    assert not any(isinstance(v, str) and "{{" in v for v in doc.values())  # no Jinja glue
-    rc, report = plan(tmp_path, host, {k: v for k, v in doc.items() if k.startswith("gpuprov_")}, capsys)
-    assert (rc, report["refusals"]) == (0, [])
-    assert all(vm["placement"]["pci_slots"] or vm["mdevs"] for vm in report["vms"])
-
-
 # ---------------------------------------------------------------- the module, gpu_vm, inspect, init, convert
 
 
