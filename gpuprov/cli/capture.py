@@ -186,7 +186,7 @@ def capture(out: str, root: str = "/", *, run_commands: bool = True, _commands_o
     facts = gather(sysfs)
     # The kernel arguments configured (GRUB's defaults and drop-ins, /etc/kernel/cmdline), scrubbed as
     # /proc/cmdline is: the playbook's dry run and the fleet's drift read them from a capture too.
-    gather_boot(sysfs)
+    gather_boot(sysfs, bootloader="grub")  # files only: no grubby run for what a capture keeps
     pids = {str(f.pid) for f in facts.usage.open_files}
     archive = _Archive(Sysfs(root), pids)
     for op, rel in sysfs.trace or []:

@@ -12,6 +12,7 @@ Read-only: each prints YAML or JSON on stdout for a person to check and keep.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from typing import Any
@@ -90,6 +91,7 @@ def init_document(facts: Any, root: str, *, source: str | None = None, notes: li
     return "\n".join(lines)
 
 
+@functools.lru_cache(maxsize=1)
 def _dumper() -> Any:
     """PyYAML's safe dumper that writes a vaulted value back as the ``!vault`` value it was (its
     ciphertext, never its plaintext: gpuprov/cli/secrets.py)."""

@@ -274,9 +274,7 @@ def host_variables(
 
 
 class _LookupRefused(Exception):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"lookup {name!r} refused")
-        self.name = name
+    """A lookup the guard refused (its name is in the guard's list, for the message)."""
 
 
 def _guard_lookups() -> list[str]:
@@ -295,7 +293,7 @@ def _guard_lookups() -> list[str]:
             short = name.rsplit(".", 1)[-1] if name.startswith("ansible.builtin.") or "." not in name else name
             if short not in PURE_LOOKUPS:
                 refused.append(name)
-                raise _LookupRefused(name)
+                raise _LookupRefused(f"lookup {name!r} refused")
             return real.get(name, *args, **kwargs)
 
     _jinja_plugins.lookup_loader = Guarded()

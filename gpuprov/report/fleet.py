@@ -47,7 +47,6 @@ from ..verify.health import status as health_status
 SCHEMA = "gpuprov.fleet/v1"
 HOST_SCHEMA = "gpuprov.fleet-host/v1"
 STATUSES = ("converged", "drifted", "unknown", "not ready", "unreachable", "failed")
-FLEET_SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "fleet.v1.json"
 
 
 def _entries(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -220,7 +219,8 @@ def _host_evaluator() -> Any:
     """The published schema's evaluator: a host's answer is held to its ``$defs/host``."""
     from ..inputs.schema_eval import Evaluator
 
-    return Evaluator(json.loads(FLEET_SCHEMA.read_text(encoding="utf-8")), "")
+    schema = Path(__file__).resolve().parents[1] / "schemas" / "fleet.v1.json"  # the controller's copy
+    return Evaluator(json.loads(schema.read_text(encoding="utf-8")), "")
 
 
 def has_record(host: dict[str, Any]) -> bool:
